@@ -1,0 +1,16 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv/ first.
+PY := .venv/bin/python
+
+.PHONY: setup test demo clean-venv
+
+setup:
+	@bash scripts/setup-env.sh
+
+test: setup
+	$(PY) -m pytest -q tests
+
+demo: setup
+	bash scripts/demo.sh
+
+clean-venv:
+	rm -rf .venv

@@ -1,0 +1,68 @@
+"""One registry of normalization layers by name.
+
+Every norm is an ``nn.Module`` built as ``cls(dim, **options)`` and called as
+``norm(x, pad_mask=None)`` with ``x`` of shape T×B×C and ``pad_mask`` a B×T
+boolean tensor, True at padding (fairseq's convention). Norms know nothing of
+fairseq.
+"""
+import inspect
+from typing import Dict, Iterable, Type
+
+import torch.nn as nn
+
+
+class NormConfigError(ValueError):
+    """A norm name or option that does not exist or has an invalid value."""
+
+
+_NORMS: Dict[str, Type[nn.Module]] = {}
+
+
+def register_norm(name: str):
+    """Class decorator: make ``cls`` available as ``create_norm(name, ...)``."""
+
+    def wrap(cls):
+        if name in _NORMS:
+            raise NormConfigError(f"norm {name!r} is registered twice")
+        cls.norm_name = name
+        _NORMS[name] = cls
+        return cls
+
+    return wrap
+
+
+def norm_names() -> Iterable[str]:
+    """Names of every registered norm, sorted."""
+    return sorted(_NORMS)
+
+
+def norm_class(name: str) -> Type[nn.Module]:
+    if name not in _NORMS:
+        raise NormConfigError(
+            f"unknown norm {name!r}; valid choices: {', '.join(norm_names())}"
+        )
+    return _NORMS[name]
+
+
+def norm_options(name: str) -> Dict[str, object]:
+    """The options norm ``name`` accepts, with their defaults."""
+    params = inspect.signature(norm_class(name).__init__).parameters
+    return {
+        p.name: p.default
+        for p in params.values()
+        if p.name not in ("self", "dim") and p.kind is not p.VAR_KEYWORD
+    }
+
+
+def create_norm(name: str, dim: int, **options) -> nn.Module:
+    """Build norm ``name`` over ``dim`` channels; unknown options are an error."""
+    valid = norm_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise NormConfigError(
+            f"norm {name!r} has no option {', '.join(map(repr, unknown))}; "
+            f"valid options: {', '.join(valid) or '(none)'}"
+        )
+    if not isinstance(dim, int) or dim <= 0:
+        raise NormConfigError(f"norm {name!r}: dim must be a positive int, got {dim!r}")
+    return _NORMS[name](dim, **options)

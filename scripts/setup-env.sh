@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Create .venv/ at the repository root and install normplug with its stack:
+# torch (CPU build unless an NVIDIA GPU is present), the fairseq build that
+# imports on this Python (SPEC §5), and the runtime and test requirements.
+# Idempotent: a second run with everything in place returns in seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+STAMP=$VENV/.normplug-setup
+want=$(cat setup.py requirements.txt requirements-test.txt scripts/setup-env.sh | sha256sum | cut -c1-16)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+    echo "setup: $VENV is up to date"
+    exit 0
+fi
+
+if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 8) else 1)'; then
+    echo "setup: $PYTHON is older than Python 3.8; set PYTHON=/path/to/python3.8+" >&2
+    exit 1
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+py=$VENV/bin/python
+pip() { "$py" -m pip --disable-pip-version-check "$@"; }
+
+# 1. torch. Never let a dependency pick it: an unpinned torch on PyPI is a CUDA
+# build of several GB. On a machine without an NVIDIA driver take the CPU build:
+# first from local wheels (find-links in pip's config), else PyTorch's CPU index.
+if ! "$py" -c 'import torch' 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        echo "setup: NVIDIA GPU found, installing torch==$TORCH_VERSION (CUDA build)"
+        pip install "torch==$TORCH_VERSION"
+    else
+        echo "setup: no GPU, installing the CPU build of torch==$TORCH_VERSION"
+        pip install --no-index "torch==$TORCH_VERSION" 2>/dev/null \
+            || pip install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+    fi
+fi
+
+# 2. runtime and test requirements (no torchaudio anywhere).
+pip install -q -r requirements.txt -r requirements-test.txt
+
+# 3. fairseq: the maintained fork on 3.11+, the official release below.
+if "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    fairseq_req=fairseq-fixed==0.12.3.1
+else
+    fairseq_req=fairseq==0.12.2
+fi
+if ! "$py" -c 'import fairseq' 2>/dev/null; then
+    echo "setup: installing $fairseq_req (compiles its extensions once per machine, ~6 min on 2 cores)"
+    # --no-build-isolation: its build imports torch; --no-deps: it declares torchaudio.
+    pip install -q --no-deps --no-build-isolation "$fairseq_req"
+fi
+
+# 4. normplug itself, editable, so `--user-dir normplug` and the console scripts
+# see the working tree.
+pip install -q --no-deps --no-build-isolation -e .
+
+"$py" -c 'import torch, fairseq, normplug; print("setup: torch", torch.__version__, "| fairseq", fairseq.__version__, "| normplug", normplug.__version__)'
+echo "$want" > "$STAMP"
