@@ -8,7 +8,7 @@ from .registry import (
     norm_options,
     register_norm,
 )
-from . import per_token, batch, power  # noqa: F401,E402  (register the norms)
+from . import identity, per_token, batch, power  # noqa: F401,E402  (register the norms)
 
 __all__ = [
     "BatchStatNorm",

@@ -1,0 +1,78 @@
+"""Shared fixtures: a tiny binarized parallel corpus and fairseq CLI runners."""
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "normplug")
+BIN = Path(sys.executable).parent
+
+# A model small enough that a few updates take a second or two on one core.
+TINY_MODEL = [
+    "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+
+
+def write_tiny_corpus(folder: Path, seed: int = 0, sizes=(("train", 240), ("valid", 24), ("test", 24))):
+    """A toy translation task: target = source reversed with a marked lexicon.
+
+    Lengths vary from 3 to 14 tokens so batches carry padding on both sides.
+    """
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(40)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        with open(folder / f"{split}.src", "w") as src, open(folder / f"{split}.tgt", "w") as tgt:
+            for _ in range(n):
+                words = [rng.choice(vocab) for _ in range(rng.randint(3, 14))]
+                src.write(" ".join(words) + "\n")
+                tgt.write(" ".join(w.upper() for w in reversed(words)) + "\n")
+    return folder
+
+
+def run_cli(tool, *args, cwd=None, check=True, env=None, timeout=600):
+    """Run a fairseq console script of this venv; return the CompletedProcess."""
+    cmd = [str(BIN / tool), *map(str, args)]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Binarized tiny corpus (joined dictionary), built once per test session."""
+    root = tmp_path_factory.mktemp("tiny")
+    raw = write_tiny_corpus(root / "raw")
+    dest = root / "bin"
+    run_cli(
+        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+        "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
+        "--destdir", dest, "--joined-dictionary", "--workers", "1",
+    )
+    return dest
+
+
+def train_args(data, save_dir, arch, *extra, updates=3):
+    """Arguments of a short CPU fairseq-train run of a tiny model."""
+    return [
+        data, "--user-dir", USER_DIR, "--arch", arch, *TINY_MODEL,
+        "--share-all-embeddings", "--dropout", "0.1",
+        "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "2", "--criterion", "label_smoothed_cross_entropy",
+        "--label-smoothing", "0.1", "--max-tokens", "400", "--max-update", str(updates),
+        "--cpu", "--seed", "1", "--save-dir", save_dir, "--no-progress-bar",
+        "--log-interval", "1", "--log-format", "simple", "--num-workers", "0",
+        *extra,
+    ]

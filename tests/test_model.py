@@ -1,0 +1,243 @@
+"""norm_transformer: every architecture builds and trains, masks are right,
+incremental decoding matches full decoding, the stock maths is kept."""
+import copy
+
+import pytest
+import torch
+
+from conftest import TINY_MODEL, USER_DIR
+
+from fairseq import options, tasks, utils
+
+import normplug  # noqa: F401  (registers the plugin)
+from normplug.models.architectures import ARCHITECTURES, KINDS
+from normplug.models.norm_transformer import NormTransformerModel, site_name
+from normplug.norms import BatchStatNorm, norm_names
+
+TINY_ARCH = TINY_MODEL + ["--dropout", "0.0", "--attention-dropout", "0.0", "--share-all-embeddings"]
+
+
+def build(data, arch, *extra):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser, [str(data), "--user-dir", USER_DIR, "--arch", arch, "--cpu", *TINY_ARCH, *extra]
+    )
+    utils.import_user_module(args)
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    return task, task.build_model(args), args
+
+
+def make_batch(task, lengths_src, lengths_tgt, seed=0):
+    """A right-padded target / left-padded source batch, as fairseq makes it."""
+    g = torch.Generator().manual_seed(seed)
+    d = task.source_dictionary
+    pad, eos = d.pad(), d.eos()
+    n_words = len(d)
+    B, S, T = len(lengths_src), max(lengths_src), max(lengths_tgt)
+    src = torch.full((B, S), pad)
+    prev = torch.full((B, T), pad)
+    for i, (ls, lt) in enumerate(zip(lengths_src, lengths_tgt)):
+        src[i, S - ls:] = torch.randint(d.nspecial, n_words, (ls,), generator=g)
+        src[i, -1] = eos
+        prev[i, :lt] = torch.randint(d.nspecial, n_words, (lt,), generator=g)
+        prev[i, 0] = eos
+    return src, torch.tensor(lengths_src), prev
+
+
+def test_every_architecture_builds_and_trains_one_step(tiny_data):
+    assert len(ARCHITECTURES) == 2 * 2 * len(KINDS)
+    for arch in sorted(ARCHITECTURES):
+        task, model, _ = build(tiny_data, arch)
+        model.train()
+        src, lengths, prev = make_batch(task, [5, 3, 7], [4, 6, 2])
+        logits, _ = model(src, lengths, prev)
+        assert torch.isfinite(logits).all(), arch
+        logits.sum().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads), arch
+
+
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_layer_architecture_is_the_stock_transformer(tiny_data, prenorm):
+    """Same weights, same outputs and gradients as fairseq's own model."""
+    extra = ["--encoder-normalize-before", "--decoder-normalize-before"] if prenorm else []
+    task, ours, _ = build(tiny_data, "norm_transformer", *extra)
+    _, stock, _ = build(tiny_data, "transformer", *extra)
+    # fairseq's Pre-Norm final norm is `layer_norm`; ours is `final_norm`, and
+    # upgrade_state_dict maps a stock checkpoint onto it
+    stock_sd = {k.replace(".final_norm.", ".layer_norm."): v for k, v in ours.state_dict().items()}
+    stock.load_state_dict(stock_sd, strict=True)
+    upgraded = dict(stock.state_dict())
+    ours.upgrade_state_dict(upgraded)
+    ours.load_state_dict(upgraded, strict=True)
+    src, lengths, prev = make_batch(task, [6, 2, 9, 4], [5, 7, 3, 2])
+    for mode in ("train", "eval"):
+        getattr(ours, mode)()
+        getattr(stock, mode)()
+        a, _ = ours(src, lengths, prev)
+        b, _ = stock(src, lengths, prev)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    a.sum().backward()
+    b.sum().backward()
+    stock_params = dict(stock.named_parameters())
+    for name, p in ours.named_parameters():
+        q = stock_params.get(name.replace("final_norm", "layer_norm"))
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def _per_token_and_population_norms():
+    return [n for n in norm_names() if n not in ("batch", "power")] + ["batch", "power"]
+
+
+@pytest.mark.parametrize("norm", _per_token_and_population_norms())
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_incremental_decoding_equals_full_decoding(tiny_data, norm, prenorm):
+    extra = ["--encoder-norm", norm, "--decoder-norm", norm]
+    if prenorm:
+        extra += ["--encoder-normalize-before", "--decoder-normalize-before"]
+    task, model, _ = build(tiny_data, "norm_transformer", *extra)
+    # move the population statistics away from their initial values
+    model.train()
+    src, lengths, prev = make_batch(task, [6, 4, 8], [7, 5, 6], seed=1)
+    for _ in range(3):
+        model(src, lengths, prev)
+    model.eval()
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        full, _ = model.decoder(prev[:, :5], encoder_out=enc)  # no padding in the first 5
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                 for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", _per_token_and_population_norms())
+def test_padding_invariance_of_the_whole_model(tiny_data, norm):
+    """Encoder output at real tokens and the running statistics do not change
+    when the batch gains padding (train mode) or a longer sentence (eval)."""
+    task, model, _ = build(tiny_data, "norm_transformer", "--encoder-norm", norm, "--decoder-norm", norm)
+    src, lengths, prev = make_batch(task, [5, 3, 6], [4, 6, 3], seed=2)
+    pad = task.source_dictionary.pad()
+
+    model.train()
+    twin = copy.deepcopy(model)
+    out = model.encoder(src, lengths)["encoder_out"][0]
+    padded = torch.cat([torch.full((3, 4), pad), src], dim=1)  # sources are left-padded
+    out_padded = twin.encoder(padded, lengths)["encoder_out"][0]
+    torch.testing.assert_close(out_padded[4:], out, rtol=1e-5, atol=1e-5)
+    for (name, a), (_, b) in zip(model.named_buffers(), twin.named_buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+    model.eval()
+    with torch.no_grad():
+        out = model.encoder(src, lengths)["encoder_out"][0]
+        longer, longer_lengths, _ = make_batch(task, [9], [2], seed=3)
+        batch = torch.cat([torch.cat([torch.full((3, 3), pad), src], dim=1), longer], dim=0)
+        out_longer = model.encoder(batch, torch.cat([lengths, longer_lengths]))["encoder_out"][0]
+    torch.testing.assert_close(out_longer[3:, :3], out, rtol=1e-5, atol=1e-5)
+
+
+def test_norms_get_the_mask_of_their_stream(tiny_data):
+    """Encoder sites see the source mask, every decoder site the target mask."""
+    task, model, _ = build(
+        tiny_data, "norm_transformer", "--encoder-norm", "batch", "--decoder-norm", "batch",
+        "--encoder-normalize-before", "--decoder-normalize-before",
+    )
+    seen = {}
+
+    def record(name):
+        def hook(module, inputs):
+            x, mask = inputs[0], inputs[1] if len(inputs) > 1 else None
+            seen[name] = (x.shape, None if mask is None else mask.clone())
+        return hook
+
+    for name, m in model.named_modules():
+        if isinstance(m, BatchStatNorm):
+            m.register_forward_pre_hook(record(site_name(name)))
+    model.train()
+    src, lengths, prev = make_batch(task, [5, 3, 6], [4, 7, 3], seed=4)
+    model(src, lengths, prev)
+    pad = task.source_dictionary.pad()
+    assert set(seen) == {"enc0.attn", "enc0.ffn", "enc.final", "dec0.attn", "dec0.cross", "dec0.ffn", "dec.final"}
+    for site, (shape, mask) in seen.items():
+        expected = src.eq(pad) if site.startswith("enc") else prev.eq(pad)
+        assert shape[:2] == expected.t().shape, site
+        assert mask is not None and torch.equal(mask, expected), site
+
+
+def test_eval_never_bypasses_plugin_norms(tiny_data, tmp_path):
+    """After a save/load round trip, eval forward still goes through every norm."""
+    task, model, args = build(tiny_data, "transformer_iwslt_de_en_rms", *TINY_ARCH)
+    path = tmp_path / "m.pt"
+    torch.save({"model": model.state_dict()}, path)
+    model2 = task.build_model(args)
+    model2.load_state_dict(torch.load(path)["model"])
+    model2.eval()
+    calls = []
+    norms = [m for m in model2.modules() if getattr(m, "norm_name", None) == "rms"]
+    assert len(norms) == 5  # enc attn+ffn, dec self+cross+ffn
+    for m in norms:
+        m.register_forward_hook(lambda *a: calls.append(1))
+    src, lengths, prev = make_batch(task, [4, 6], [3, 5])
+    with torch.no_grad():
+        model2(src, lengths, prev)
+    assert len(calls) == len(norms)
+
+
+def test_state_dict_round_trip_keeps_norm_buffers(tiny_data):
+    task, model, args = build(tiny_data, "transformer_iwslt_de_en_pn")
+    model.train()
+    src, lengths, prev = make_batch(task, [4, 6], [3, 5])
+    model.set_num_updates(5)
+    model(src, lengths, prev)[0].sum().backward()
+    twin = task.build_model(args)
+    twin.load_state_dict(model.state_dict())
+    buffers = dict(twin.named_buffers())
+    assert any("final_layer_norm" in k for k in buffers)
+    for name, value in model.named_buffers():
+        assert torch.equal(buffers[name], value), name
+
+
+def test_batch_test_stats_refused_in_incremental_decoder(tiny_data):
+    task, model, _ = build(
+        tiny_data, "norm_transformer", "--decoder-norm", "batch", "--bn-test-stats", "batch"
+    )
+    model.eval()
+    src, lengths, prev = make_batch(task, [4, 6], [3, 5])
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)  # encoder sites may use batch statistics
+        model.decoder(prev, encoder_out=enc)  # full-sequence decoding works too
+        with pytest.raises(Exception, match="incremental decoding"):
+            model.decoder(prev[:, :1], encoder_out=enc, incremental_state={})
+    with pytest.raises(SystemExit, match="bn-test-stats population"):
+        model.prepare_for_inference_(None)  # what fairseq-generate calls first
+
+
+def test_bad_flag_values_are_clear_errors(tiny_data, capsys):
+    with pytest.raises(SystemExit):
+        build(tiny_data, "norm_transformer", "--encoder-norm", "batchnorm")
+    err = capsys.readouterr().err
+    assert "batchnorm" in err and "layer_simple" in err  # names the bad value and the choices
+    with pytest.raises(SystemExit):
+        build(tiny_data, "norm_transformer", "--encoder-crossattn-norm", "batch")
+    assert "--encoder-crossattn-norm" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build(tiny_data, "norm_transformer", "--bn-momentum", "-0.1")
+    assert "-0.1" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"groups.*3.*16|16.*3"):
+        build(tiny_data, "norm_transformer", "--encoder-norm", "power", "--power-groups", "3")
+
+
+def test_site_overrides_and_published_placements(tiny_data):
+    _, model, _ = build(tiny_data, "transformer_iwslt_de_en_bn")
+    kinds = {site_name(n): m.norm_name for n, m in model.named_modules() if hasattr(m, "norm_name")}
+    assert kinds == {"enc0.attn": "batch", "enc0.ffn": "batch", "dec0.attn": "layer",
+                     "dec0.cross": "layer", "dec0.ffn": "layer"}
+    _, model, _ = build(tiny_data, "transformer_iwslt_de_en_adanorm_prenorm",
+                        "--encoder-norm", "layer", "--decoder-norm", "layer",
+                        "--encoder-final-norm", "adanorm", "--decoder-final-norm", "adanorm")
+    kinds = {site_name(n): m.norm_name for n, m in model.named_modules() if hasattr(m, "norm_name")}
+    assert kinds["enc.final"] == kinds["dec.final"] == "adanorm"
+    assert {v for k, v in kinds.items() if "final" not in k} == {"layer"}
+    assert isinstance(model, NormTransformerModel)
