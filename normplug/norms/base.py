@@ -1,5 +1,5 @@
 """What the rest of normplug may know about a norm that uses batch statistics."""
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -18,6 +18,29 @@ class Discrepancy(NamedTuple):
     rbn_var: torch.Tensor  # Σ_c |σ̂²_c − σ²_B,c|
     tid_mean: torch.Tensor  # mean_c |μ̂_c − μ_B,c| / σ_B,c
     tid_var: torch.Tensor  # mean_c |σ̂_c / σ_B,c − 1|
+
+
+def measure_discrepancy(batch_mean: Optional[torch.Tensor], batch_var: torch.Tensor,
+                        pop_mean: Optional[torch.Tensor], pop_var: torch.Tensor) -> Discrepancy:
+    """Discrepancy of per-channel batch statistics against population ones (SPEC §2).
+
+    A norm without a mean (PowerNorm) passes ``None`` for both means; its mean
+    terms are then zero. Gradients flow through the batch statistics only.
+    """
+    pop_var = pop_var.detach()
+    sigma_b = batch_var.detach().sqrt()
+    if batch_mean is None:
+        rbn_mean = tid_mean = batch_var.new_zeros(())
+    else:
+        gap = pop_mean.detach() - batch_mean
+        rbn_mean = gap.pow(2).sum()
+        tid_mean = (gap.detach().abs() / sigma_b).mean()
+    return Discrepancy(
+        rbn_mean=rbn_mean,
+        rbn_var=(pop_var - batch_var).abs().sum(),
+        tid_mean=tid_mean,
+        tid_var=(pop_var.sqrt() / sigma_b - 1).abs().mean(),
+    )
 
 
 class BatchStatNorm(nn.Module):
@@ -39,6 +62,17 @@ class BatchStatNorm(nn.Module):
     def __init__(self):
         super().__init__()
         self._last: Optional[Discrepancy] = None
+
+    def batch_statistics(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None
+                         ) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+        """Per-channel (mean, variance) of the real tokens of ``x`` as this norm
+        computes them in training (mean is None for norms without one).
+        Used by the TID analysis tool on held-out data; does not change state."""
+        raise NotImplementedError
+
+    def population_statistics(self) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+        """The (mean, variance) this norm uses at inference (mean None if it has none)."""
+        raise NotImplementedError
 
     def discrepancy(self) -> Optional[Discrepancy]:
         """The terms of the last training forward, or None; clears them."""
