@@ -37,11 +37,12 @@ def write_tiny_corpus(folder: Path, seed: int = 0, sizes=(("train", 240), ("vali
     return folder
 
 
-def run_cli(tool, *args, cwd=None, check=True, env=None, timeout=600):
+def run_cli(tool, *args, cwd=None, check=True, env=None, timeout=600, input=None):
     """Run a fairseq console script of this venv; return the CompletedProcess."""
     cmd = [str(BIN / tool), *map(str, args)]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
-    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, input=input, capture_output=True,
+                          text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
