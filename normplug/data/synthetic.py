@@ -1,0 +1,348 @@
+"""A seeded synthetic parallel corpus shaped like translation.
+
+The "source" is a small German-like language and the "target" an English-like
+one, both made of pseudo-words. A model has to learn:
+
+* a lexicon: every source content word has one target word (a few adverbs
+  translate to two target words, so lengths differ a little);
+* agreement: each noun has one of three classes; the target determiner
+  (definite or indefinite) and the target adjectives take a form that depends
+  on the class of their noun, while the source determiner does not show it;
+* local reordering: source ``DET ADJ* NOUN`` becomes target ``DET NOUN ADJ*``
+  (adjectives after the noun, in the same order);
+* long-distance reordering: main clauses are verb-second in the source
+  (``SUBJ VERB [ADV] [OBJ] [PP]``), subordinate clauses (``, COMP ...``) are
+  verb-final (``SUBJ [ADV] [OBJ] [PP] VERB``); the target is always
+  ``SUBJ [ADV] VERB [OBJ] [PP]``.
+
+Word frequencies follow Zipf's law within each word class (weight 1/rank), the
+source vocabulary has about 3,000 types, and sentence lengths run from 3 to 60
+tokens, skewed towards short sentences (mean about 20, like TED talks).
+
+Everything comes from :class:`random.Random` with fixed seeds and no set or
+hash ordering, so the same seeds give byte-identical files on every Python.
+The lexicon has its own seed (``--lexicon-seed``), so corpora drawn with
+different ``--seed`` values are samples of the same language pair.
+
+Usage::
+
+    python -m normplug.data.synthetic --out data/synthetic --seed 1
+    python -m normplug.data.synthetic --out data/synthetic --seed 1 \
+        --binarize data/data-bin/synthetic
+
+The files are ``{train,valid,test}.{src,tgt}`` (plain, tokenized, lowercase,
+space-separated), which ``fairseq-preprocess --source-lang src --target-lang tgt``
+reads, plus ``lexicon.tsv`` for inspection.
+"""
+import argparse
+import bisect
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+import random
+
+# Sizes of the source vocabulary by word class (about 3,000 types in all).
+SIZES = {
+    "noun": 1800,
+    "adj": 450,
+    "verb_t": 330,  # transitive
+    "verb_i": 170,  # intransitive
+    "adv": 150,
+    "prep": 25,
+    "pron": 8,
+    "comp": 6,  # subordinating conjunctions: introduce a verb-final clause
+    "conj": 3,  # coordinating conjunctions: introduce another main clause
+}
+N_CLASSES = 3
+CLASS_WEIGHTS = (0.4, 0.35, 0.25)
+ADJ_SUFFIXES = ("a", "o", "i")  # target adjective ending per noun class
+PUNCT = (".", ",", "?")
+MIN_LEN, MAX_LEN = 3, 60
+DEFAULT_LEXICON_SEED = 20240517
+
+SRC_SOUNDS = (
+    "b d f g h k l m n p r s t w z sch st kr pf br gr fl tr".split(),
+    "a e i o u ei au ie ä ö ü".split(),
+    ["", "", "n", "r", "l", "s", "t", "ch", "m", "ng"],
+)
+TGT_SOUNDS = (
+    "b c d f g h j l m n p r s t v w th sh pl tr cl sp".split(),
+    "a e i o u ea oo ay ow".split(),
+    ["", "", "n", "r", "ll", "ss", "x", "ck", "nd", "st"],
+)
+
+
+def _pseudo_word(rng, sounds, n_syll, final_coda=None):
+    onsets, nuclei, codas = sounds
+    parts = []
+    for i in range(n_syll):
+        parts.append(rng.choice(onsets))
+        parts.append(rng.choice(nuclei))
+        if i == n_syll - 1:
+            parts.append(rng.choice(codas) if final_coda is None else final_coda(rng))
+        elif rng.random() < 0.25:
+            parts.append(rng.choice(codas))
+    return "".join(parts)
+
+
+def _syllables_for_rank(rng, rank):
+    if rank < 30:
+        return 1
+    if rank < 400:
+        return 2
+    return rng.choice((2, 3, 3))
+
+
+class Lexicon:
+    """Word lists (index = Zipf rank), noun classes and translations."""
+
+    def __init__(self, seed=DEFAULT_LEXICON_SEED):
+        rng = random.Random(seed)
+        self.seed = seed
+        src_used, tgt_used = set(), set()
+
+        def fresh(sounds, used, rank, final_coda=None, reserve=()):
+            while True:
+                w = _pseudo_word(rng, sounds, _syllables_for_rank(rng, rank), final_coda)
+                forms = [w] + [w + s for s in reserve]
+                if len(w) >= 2 and not any(f in used for f in forms):
+                    used.update(forms)
+                    return w
+
+        self.words = {}  # category -> [source word, ...] by Zipf rank
+        self.category = {}  # source word -> category
+        self.noun_class = {}  # source noun -> 0..N_CLASSES-1
+        self.tr = {}  # source word -> target string (may hold 2 words for adverbs)
+        self.adj_forms = {}  # source adjective -> tuple of target forms per class
+        # Target adjectives first: each reserves its stem and its class forms.
+        consonant = lambda r: r.choice(["n", "r", "ll", "ss", "x", "ck", "nd", "st"])
+        adj_stems = [
+            fresh(TGT_SOUNDS, tgt_used, r, consonant, ADJ_SUFFIXES) for r in range(SIZES["adj"])
+        ]
+        # Determiners: source has two (definite, indefinite), the target six.
+        self.src_det = (fresh(SRC_SOUNDS, src_used, 0), fresh(SRC_SOUNDS, src_used, 0))
+        self.tgt_det = tuple(
+            tuple(fresh(TGT_SOUNDS, tgt_used, 0) for _ in range(N_CLASSES)) for _ in range(2)
+        )
+        for w in self.src_det:
+            self.category[w] = "det"
+        self.words["det"] = list(self.src_det)
+        for cat in SIZES:
+            ws = []
+            for r in range(SIZES[cat]):
+                s = fresh(SRC_SOUNDS, src_used, r)
+                ws.append(s)
+                self.category[s] = cat
+                if cat == "adj":
+                    stem = adj_stems[r]
+                    self.adj_forms[s] = tuple(stem + x for x in ADJ_SUFFIXES)
+                    continue
+                t = fresh(TGT_SOUNDS, tgt_used, r)
+                if cat == "adv" and rng.random() < 0.2:
+                    t = t + " " + fresh(TGT_SOUNDS, tgt_used, r)
+                self.tr[s] = t
+                if cat == "noun":
+                    self.noun_class[s] = rng.choices(range(N_CLASSES), CLASS_WEIGHTS)[0]
+            self.words[cat] = ws
+        for p in PUNCT:
+            self.category[p] = "punct"
+            self.tr[p] = p
+        # Zipf sampling tables: weight 1/rank within each class.
+        self._cum = {}
+        for cat, ws in self.words.items():
+            acc, cum = 0.0, []
+            for r in range(len(ws)):
+                acc += 1.0 / (r + 1)
+                cum.append(acc)
+            self._cum[cat] = cum
+
+    def sample(self, rng, cat):
+        cum = self._cum[cat]
+        i = bisect.bisect_right(cum, rng.random() * cum[-1])
+        return self.words[cat][min(i, len(cum) - 1)]
+
+    def source_types(self):
+        return [w for ws in self.words.values() for w in ws] + list(PUNCT)
+
+    def write_tsv(self, path):
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write("source\tcategory\tclass\ttarget\n")
+            for cat, ws in self.words.items():
+                for w in ws:
+                    if cat == "det":
+                        d = self.src_det.index(w)
+                        tgt = "|".join(self.tgt_det[d])
+                    elif cat == "adj":
+                        tgt = "|".join(self.adj_forms[w])
+                    else:
+                        tgt = self.tr[w]
+                    cls = self.noun_class.get(w, "")
+                    f.write(f"{w}\t{cat}\t{cls}\t{tgt}\n")
+
+
+class Generator:
+    """Draws sentence pairs from a :class:`Lexicon` with its own seed."""
+
+    def __init__(self, lexicon, seed):
+        self.lex = lexicon
+        self.rng = random.Random(seed)
+
+    def noun_phrase(self, allow_pronoun):
+        rng, lex = self.rng, self.lex
+        if allow_pronoun and rng.random() < 0.25:
+            p = lex.sample(rng, "pron")
+            return [p], [lex.tr[p]]
+        definite = 0 if rng.random() < 0.6 else 1
+        noun = lex.sample(rng, "noun")
+        cls = lex.noun_class[noun]
+        n_adj = rng.choices((0, 1, 2, 3), (0.55, 0.3, 0.12, 0.03))[0]
+        adjs = [lex.sample(rng, "adj") for _ in range(n_adj)]
+        src = [lex.src_det[definite]] + adjs + [noun]
+        tgt = [lex.tgt_det[definite][cls], lex.tr[noun]] + [lex.adj_forms[a][cls] for a in adjs]
+        return src, tgt
+
+    def clause(self, subordinate):
+        rng, lex = self.rng, self.lex
+        subj_s, subj_t = self.noun_phrase(True)
+        transitive = rng.random() < 0.6
+        verb = lex.sample(rng, "verb_t" if transitive else "verb_i")
+        adv_s, adv_t = [], []
+        if rng.random() < 0.3:
+            a = lex.sample(rng, "adv")
+            adv_s, adv_t = [a], lex.tr[a].split()
+        obj_s, obj_t = self.noun_phrase(False) if transitive else ([], [])
+        pp_s, pp_t = [], []
+        if rng.random() < 0.3:
+            p = lex.sample(rng, "prep")
+            np_s, np_t = self.noun_phrase(False)
+            pp_s, pp_t = [p] + np_s, [lex.tr[p]] + np_t
+        v_t = [lex.tr[verb]]
+        if subordinate:
+            src = subj_s + adv_s + obj_s + pp_s + [verb]
+        else:
+            src = subj_s + [verb] + adv_s + obj_s + pp_s
+        tgt = subj_t + adv_t + v_t + obj_t + pp_t
+        return src, tgt
+
+    def sentence_length_goal(self):
+        # Skewed towards short sentences with a long tail, like TED/news text.
+        return MIN_LEN + int(self.rng.gammavariate(1.3, 10.0))
+
+    def pair(self):
+        rng, lex = self.rng, self.lex
+        while True:
+            goal = self.sentence_length_goal()
+            src, tgt = self.clause(False)
+            while len(src) + 1 < goal:
+                if rng.random() < 0.5:
+                    comp = lex.sample(rng, "comp")
+                    s, t = self.clause(True)
+                    src += [",", comp] + s
+                    tgt += [",", lex.tr[comp]] + t
+                else:
+                    conj = lex.sample(rng, "conj")
+                    s, t = self.clause(False)
+                    src += [conj] + s
+                    tgt += [lex.tr[conj]] + t
+            end = "?" if rng.random() < 0.08 else "."
+            src.append(end)
+            tgt.append(end)
+            if MIN_LEN <= len(src) <= MAX_LEN and MIN_LEN <= len(tgt) <= MAX_LEN:
+                return " ".join(src), " ".join(tgt)
+
+
+def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500,
+             lexicon_seed=DEFAULT_LEXICON_SEED):
+    """Write ``{train,valid,test}.{src,tgt}`` and ``lexicon.tsv`` to out_dir.
+
+    Valid and test hold no source sentence that is also in train (nor in each
+    other). Returns a dict of split name -> number of pairs.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lex = Lexicon(lexicon_seed)
+    gen = Generator(lex, seed)
+    seen = set()
+    counts = {}
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        pairs = []
+        while len(pairs) < n:
+            s, t = gen.pair()
+            if split != "train":
+                if s in seen:
+                    continue
+            seen.add(s)
+            pairs.append((s, t))
+        for side, k in (("src", 0), ("tgt", 1)):
+            tmp = out / f".{split}.{side}.tmp"
+            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+                for p in pairs:
+                    f.write(p[k] + "\n")
+            os.replace(tmp, out / f"{split}.{side}")
+        counts[split] = n
+    lex.write_tsv(out / "lexicon.tsv")
+    return counts
+
+
+def fairseq_preprocess_exe():
+    """fairseq-preprocess next to the running interpreter (a venv's bin/), else on PATH."""
+    here = Path(sys.executable).parent / "fairseq-preprocess"
+    if here.exists():
+        return str(here)
+    found = shutil.which("fairseq-preprocess")
+    if found:
+        return found
+    raise FileNotFoundError(
+        f"fairseq-preprocess is neither next to {sys.executable} nor on PATH; "
+        "run `make setup` (scripts/setup-env.sh) first"
+    )
+
+
+def binarize(out_dir, bin_dir, workers=1):
+    """Binarize a corpus written by :func:`generate` into bin_dir (joined dictionary).
+
+    Writes into ``bin_dir.tmp`` and renames on success, so an interrupted run
+    never leaves a half-written bin_dir behind.
+    """
+    out, dest = Path(out_dir), Path(bin_dir)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [
+        fairseq_preprocess_exe(), "--source-lang", "src", "--target-lang", "tgt",
+        "--trainpref", str(out / "train"), "--validpref", str(out / "valid"),
+        "--testpref", str(out / "test"), "--destdir", str(tmp),
+        "--joined-dictionary", "--workers", str(workers),
+    ]
+    subprocess.run(cmd, check=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="data/synthetic", help="output folder (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the sentence sampler")
+    ap.add_argument("--lexicon-seed", type=int, default=DEFAULT_LEXICON_SEED,
+                    help="seed of the lexicon (the 'language pair'); default %(default)s")
+    ap.add_argument("--train", type=int, default=20000, help="training pairs (default %(default)s)")
+    ap.add_argument("--valid", type=int, default=500, help="validation pairs (default %(default)s)")
+    ap.add_argument("--test", type=int, default=500, help="test pairs (default %(default)s)")
+    ap.add_argument("--binarize", metavar="BIN_DIR",
+                    help="also run fairseq-preprocess --joined-dictionary into BIN_DIR")
+    ap.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    counts = generate(a.out, a.seed, a.train, a.valid, a.test, a.lexicon_seed)
+    print(f"synthetic: wrote {counts} to {a.out} in {time.time() - t0:.1f}s", file=sys.stderr)
+    if a.binarize:
+        binarize(a.out, a.binarize, a.workers)
+        print(f"synthetic: binarized into {a.binarize}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

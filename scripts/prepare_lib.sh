@@ -1,0 +1,433 @@
+# shellcheck shell=bash
+# Shared machinery of scripts/prepare-*.sh; sourced, not run.
+#
+# * Options common to every script (parsed by pl_parse_args):
+#     --archive PATH|URL   local archive (or folder) to use instead of downloading;
+#                          a URL (http[s]://, ftp://, file://) is downloaded instead
+#                          of the default one. Env: <P>_ARCHIVE.
+#     --url URL            download from URL instead of the default. Env: <P>_URL.
+#     --sha256 HEX         expected sha256 of the archive. Env: <P>_SHA256.
+#     --sha256-file FILE   expected checksums in `sha256sum` format, matched by file
+#                          name. Env: <P>_SHA256_FILE.
+#     --work DIR           working folder (default data/<name> in the repository)
+#     --dest DIR           fairseq-preprocess output (default data/data-bin/<name>)
+#     --bpe-size N         joint sentencepiece BPE vocabulary size
+#     --workers N          processes for tokenization and fairseq-preprocess
+#     --no-binarize        stop before fairseq-preprocess
+#     --force              redo every step
+#   where <P> is the script's prefix (IWSLT14, WMT16, IWSLT15).
+#
+# * Checksums. Where no expected value is given (--sha256, --sha256-file, or a
+#   FILE.sha256 next to a local archive), the first good copy is trusted: after it
+#   passes the integrity test its sha256 is recorded in WORK/archives/NAME.sha256,
+#   and every later fetch of NAME (a re-download, another --archive) must match it.
+#   The upstream hosts publish no checksums, and none can be computed here without
+#   the archives, so pinning on first use is the honest option; pass --sha256 to pin
+#   a value you trust.
+#
+# * Steps. `pl_step NAME KEY FUNC ARGS...` runs FUNC with $STEP_OUT set to an empty
+#   temporary folder (OUT.tmp next to the step's output folder OUT, WORK/NAME by
+#   default). When FUNC returns, OUT.tmp is renamed to OUT and only then is the
+#   marker WORK/.state/NAME.done written (also write-then-rename). A run killed at
+#   any point therefore never leaves a step marked done with partial output. The
+#   marker holds the step's KEY (its parameters), a fresh random id, and the id of
+#   the step before it: a step is skipped only if its marker matches its KEY and
+#   the current id of the previous step, so redoing one step redoes all later ones.
+#
+# * Failures stop the script with one line starting with "ERROR:" that names the
+#   URL or file and says what to do.
+#
+# * Test hook: NORMPLUG_PREPARE_KILL_AT=NAME makes the script SIGKILL itself inside
+#   step NAME, after FUNC has written its output but before the step is committed.
+
+PL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PL_HELPER=$PL_REPO/normplug/data/prepare.py
+
+pl_log() { echo "[$PL_NAME] $*" >&2; }
+
+pl_die() {
+    PL_DIED=1
+    echo "ERROR: [$PL_NAME] $*" >&2
+    exit 1
+}
+
+pl_usage() {
+    # The leading comment block of the calling script, without its '#'.
+    sed -n '2,/^[^#]/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+}
+
+pl__abs() { realpath -m -- "$1"; }
+
+# --- options -------------------------------------------------------------------
+
+# The calling script sets PL_NAME, PL_ENV (variable prefix), PL_DEFAULT_URL,
+# PL_BPE_SIZE (default), PL_DEST_NAME, and may define pl_script_option, which
+# handles one script-specific option: it sets PL_SHIFT to the number of words it
+# used and returns 0, or returns 1 for an unknown option.
+pl_parse_args() {
+    local v
+    v=${PL_ENV}_ARCHIVE; PL_ARCHIVE=${!v:-}
+    v=${PL_ENV}_URL; PL_URL=${!v:-$PL_DEFAULT_URL}
+    v=${PL_ENV}_SHA256; PL_SHA256=${!v:-}
+    v=${PL_ENV}_SHA256_FILE; PL_SHA256_FILE=${!v:-}
+    PL_WORK=$PL_REPO/data/$PL_NAME
+    PL_DEST=$PL_REPO/data/data-bin/$PL_DEST_NAME
+    PL_WORKERS=$(nproc 2>/dev/null || echo 1)
+    PL_BINARIZE=1
+    PL_FORCE=0
+    while [ $# -gt 0 ]; do
+        case $1 in
+            -h|--help) pl_usage; exit 0 ;;
+            --archive|--url|--sha256|--sha256-file|--work|--dest|--bpe-size|--workers)
+                [ $# -ge 2 ] || pl_die "option $1 needs a value (see --help)"
+                case $1 in
+                    --archive) PL_ARCHIVE=$2 ;;
+                    --url) PL_URL=$2 ;;
+                    --sha256) PL_SHA256=$2 ;;
+                    --sha256-file) PL_SHA256_FILE=$2 ;;
+                    --work) PL_WORK=$2 ;;
+                    --dest) PL_DEST=$2 ;;
+                    --bpe-size) PL_BPE_SIZE=$2 ;;
+                    --workers) PL_WORKERS=$2 ;;
+                esac
+                shift 2 ;;
+            --no-binarize) PL_BINARIZE=0; shift ;;
+            --force) PL_FORCE=1; shift ;;
+            *)
+                PL_SHIFT=0
+                if declare -F pl_script_option >/dev/null && pl_script_option "$@"; then
+                    shift "$PL_SHIFT"
+                else
+                    pl_die "unknown option '$1' (see --help)"
+                fi ;;
+        esac
+    done
+    case $PL_BPE_SIZE in ''|*[!0-9]*) pl_die "--bpe-size must be a whole number, got '$PL_BPE_SIZE'" ;; esac
+    case $PL_WORKERS in ''|*[!0-9]*|0) pl_die "--workers must be a positive number, got '$PL_WORKERS'" ;; esac
+    if [ -n "$PL_SHA256" ]; then
+        PL_SHA256=$(printf '%s' "$PL_SHA256" | tr 'A-F' 'a-f')
+        [[ $PL_SHA256 =~ ^[0-9a-f]{64}$ ]] || pl_die "--sha256 must be 64 hex digits, got '$PL_SHA256'"
+    fi
+    # An --archive that is a URL is a download source.
+    case $PL_ARCHIVE in
+        http://*|https://*|ftp://*|file://*) PL_URL=$PL_ARCHIVE; PL_ARCHIVE= ;;
+    esac
+    [ -z "$PL_ARCHIVE" ] || PL_ARCHIVE=$(pl__abs "$PL_ARCHIVE")
+    if [ -n "$PL_SHA256_FILE" ]; then
+        PL_SHA256_FILE=$(pl__abs "$PL_SHA256_FILE")
+        [ -f "$PL_SHA256_FILE" ] || pl_die "checksum list $PL_SHA256_FILE (--sha256-file) not found"
+    fi
+    PL_WORK=$(pl__abs "$PL_WORK")
+    PL_DEST=$(pl__abs "$PL_DEST")
+    export NORMPLUG_PREPARE_WORKERS=$PL_WORKERS
+}
+
+# --- tools ---------------------------------------------------------------------
+
+pl__find_python() {
+    if [ -n "${PYTHON:-}" ]; then
+        PL_PY=$PYTHON
+    elif [ -x "$PL_REPO/.venv/bin/python" ]; then
+        PL_PY=$PL_REPO/.venv/bin/python
+    else
+        PL_PY=$(command -v python3) || pl_die "no python3 found; run 'make setup' or set PYTHON=/path/to/python"
+    fi
+}
+
+pl_helper() { "$PL_PY" "$PL_HELPER" "$@"; }
+
+pl_check_python_modules() {
+    "$PL_PY" -c 'import sacremoses, sentencepiece' 2>/dev/null \
+        || pl_die "$PL_PY lacks sacremoses or sentencepiece; run 'make setup' or set PYTHON to a python that has them"
+}
+
+pl_find_fairseq_preprocess() {
+    # Sets PL_FSP: fairseq-preprocess next to the python in use (a venv's bin/),
+    # else on PATH.
+    if [ -n "${FAIRSEQ_PREPROCESS:-}" ]; then
+        PL_FSP=$FAIRSEQ_PREPROCESS
+    elif [ -x "$(dirname "$PL_PY")/fairseq-preprocess" ]; then
+        PL_FSP=$(dirname "$PL_PY")/fairseq-preprocess
+    elif command -v fairseq-preprocess >/dev/null 2>&1; then
+        PL_FSP=$(command -v fairseq-preprocess)
+    else
+        pl_die "fairseq-preprocess is neither next to $PL_PY nor on PATH; run 'make setup', or pass --no-binarize"
+    fi
+}
+
+# --- run-level set-up ----------------------------------------------------------
+
+pl__on_exit() {
+    local rc=$?
+    if [ "$rc" -ne 0 ] && [ -z "${PL_DIED:-}" ] && [ -n "${PL_CURRENT:-}" ]; then
+        echo "ERROR: [$PL_NAME] step $PL_CURRENT failed (exit $rc, see above); it is not marked done, re-run to retry" >&2
+    fi
+}
+
+pl_begin() {
+    pl__find_python
+    pl_check_python_modules
+    mkdir -p "$PL_WORK" || pl_die "cannot create the working folder $PL_WORK"
+    PL_STATE=$PL_WORK/.state
+    if [ "$PL_FORCE" = 1 ]; then
+        rm -rf "$PL_STATE"
+    fi
+    mkdir -p "$PL_STATE" "$PL_WORK/archives"
+    if command -v flock >/dev/null 2>&1; then
+        exec 9>"$PL_WORK/.lock"
+        flock -n 9 || pl_die "another prepare run is using $PL_WORK (lock $PL_WORK/.lock); wait for it or use another --work"
+    fi
+    if [ "$PL_BINARIZE" = 1 ]; then pl_find_fairseq_preprocess; fi
+    trap pl__on_exit EXIT
+    PL_PREV=start
+    PL_T0=$SECONDS
+    pl_log "work folder $PL_WORK, output $PL_DEST"
+}
+
+pl_finish() {
+    PL_CURRENT=
+    pl_log "all steps done in $((SECONDS - PL_T0))s"
+}
+
+# --- steps ---------------------------------------------------------------------
+
+pl__marker_field() {  # FILE FIELD -> value
+    local k v
+    while IFS='=' read -r k v; do
+        if [ "$k" = "$2" ]; then printf '%s\n' "$v"; return 0; fi
+    done <"$1"
+    return 1
+}
+
+# pl_step [--out DIR] NAME KEY FUNC [ARGS...]
+pl_step() {
+    local out=
+    if [ "$1" = --out ]; then out=$2; shift 2; fi
+    local name=$1 key=$2
+    shift 2
+    [ -n "$out" ] || out=$PL_WORK/$name
+    local marker=$PL_STATE/$name.done tmp=$out.tmp
+    mkdir -p "$(dirname "$out")"
+    if [ -f "$marker" ] && [ -e "$out" ] \
+        && [ "$(pl__marker_field "$marker" key)" = "$key" ] \
+        && [ "$(pl__marker_field "$marker" parent)" = "$PL_PREV" ]; then
+        PL_PREV=$(pl__marker_field "$marker" id)
+        pl_log "step $name: done before, skipping"
+        return 0
+    fi
+    PL_CURRENT=$name
+    rm -f "$marker"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    pl_log "step $name: running"
+    local t0=$SECONDS
+    STEP_OUT=$tmp
+    "$@"
+    if [ "${NORMPLUG_PREPARE_KILL_AT:-}" = "$name" ]; then
+        pl_log "test hook: killing this run inside step $name"
+        kill -KILL $$
+    fi
+    rm -rf "$out.old"
+    if [ -e "$out" ] || [ -L "$out" ]; then mv -- "$out" "$out.old"; fi
+    mv -- "$tmp" "$out"
+    rm -rf "$out.old"
+    local id
+    id=$(date +%s%N)-$$-$RANDOM$RANDOM
+    printf 'key=%s\nparent=%s\nid=%s\n' "$key" "$PL_PREV" "$id" >"$marker.tmp"
+    mv -- "$marker.tmp" "$marker"
+    PL_PREV=$id
+    PL_CURRENT=
+    pl_log "step $name: done ($((SECONDS - t0))s)"
+}
+
+# --- fetching ------------------------------------------------------------------
+
+# pl_download URL DEST: download URL to DEST (via DEST.part, resumed if present).
+pl_download() {
+    local url=$1 dest=$2 rc=0 hint
+    hint="without internet, fetch it elsewhere and pass --archive PATH (or set ${PL_ENV}_ARCHIVE=PATH)"
+    mkdir -p "$(dirname "$dest")"
+    pl_log "downloading $url"
+    if command -v curl >/dev/null 2>&1; then
+        curl -fL --retry 2 --connect-timeout 30 --progress-bar -C - -o "$dest.part" "$url" || rc=$?
+        if [ "$rc" = 33 ] || [ "$rc" = 36 ]; then  # server cannot resume: start again
+            rm -f "$dest.part"; rc=0
+            curl -fL --retry 2 --connect-timeout 30 --progress-bar -o "$dest.part" "$url" || rc=$?
+        fi
+        [ "$rc" = 0 ] || pl_die "cannot download $url (curl exit $rc); $hint"
+    elif command -v wget >/dev/null 2>&1; then
+        wget -c --progress=bar:force -O "$dest.part" "$url" || pl_die "cannot download $url (wget exit $?); $hint"
+    else
+        "$PL_PY" - "$url" "$dest.part" <<'EOF' || pl_die "cannot download $url; $hint"
+import sys, urllib.request
+urllib.request.urlretrieve(sys.argv[1], sys.argv[2],
+    lambda b, s, t: print(f"\r{b * s >> 20} MiB", end="", file=sys.stderr))
+print(file=sys.stderr)
+EOF
+    fi
+    [ -s "$dest.part" ] || { rm -f "$dest.part"; pl_die "download of $url came back empty; $hint"; }
+    mv -- "$dest.part" "$dest"
+}
+
+# pl__expected_sha256 NAME [LOCAL_PATH]: the expected checksum of NAME, or nothing.
+pl__expected_sha256() {
+    local name=$1 path=${2:-} h
+    if [ -n "$PL_SHA256" ]; then printf '%s\n' "$PL_SHA256"; return; fi
+    if [ -n "$PL_SHA256_FILE" ]; then
+        h=$(awk -v n="$name" '{f=$2; sub(/^\*/, "", f); k=split(f, p, "/"); if (p[k] == n) {print tolower($1); exit}}' "$PL_SHA256_FILE")
+        if [ -n "$h" ]; then printf '%s\n' "$h"; return; fi
+    fi
+    if [ -n "$path" ] && [ -f "$path.sha256" ]; then cut -d' ' -f1 "$path.sha256" | tr 'A-F' 'a-f'; return; fi
+    if [ -f "$PL_WORK/archives/$name.sha256" ]; then cut -d' ' -f1 "$PL_WORK/archives/$name.sha256"; fi
+}
+
+# pl_verify FILE NAME KIND [DOWNLOADED]: integrity test (KIND tar: `tar -tf`;
+# text: non-empty), then the checksum (or record it on first use). A bad file that
+# was downloaded is moved aside to FILE.bad so that the next run downloads afresh.
+pl_verify() {
+    local file=$1 name=$2 kind=$3 downloaded=${4:-0} got want todo err
+    if [ "$downloaded" = 1 ]; then
+        todo="it was downloaded from ${PL_SRC_URL:-?} and is now set aside as $file.bad; re-run to download it again, or pass --archive PATH to a good copy"
+    else
+        todo="pass --archive PATH to a good copy"
+    fi
+    pl__bad() {
+        if [ "$downloaded" = 1 ]; then mv -f -- "$file" "$file.bad"; fi
+        pl_die "$1"
+    }
+    case $kind in
+        tar)
+            if ! err=$(tar -tf "$file" 2>&1 >/dev/null); then
+                err=$(printf '%s\n' "$err" | grep -v -e 'not recoverable' -e 'Child returned' -e '^[[:space:]]*$' | head -n1 || true)
+                pl__bad "$file is corrupt or not a tar archive (${err:-tar failed}); $todo"
+            fi ;;
+        text)
+            [ -s "$file" ] || pl__bad "$file is empty; $todo" ;;
+    esac
+    got=$(pl_helper sha256 "$file")
+    want=$(pl__expected_sha256 "$name" "$([ "$downloaded" = 1 ] || printf '%s' "$file")")
+    if [ -n "$want" ]; then
+        [ "$got" = "$want" ] || pl__bad "checksum mismatch for $file: sha256 $got, expected $want (corrupt, or another version); $todo, or give the right value with --sha256 (a value pinned on first use is kept in $PL_WORK/archives/$name.sha256)"
+        pl_log "sha256 of $name verified ($got)"
+    else
+        printf '%s  %s\n' "$got" "$name" >"$PL_WORK/archives/$name.sha256.tmp"
+        mv -- "$PL_WORK/archives/$name.sha256.tmp" "$PL_WORK/archives/$name.sha256"
+        pl_log "sha256 of $name is $got: recorded in $PL_WORK/archives/$name.sha256 (no expected value given; pass --sha256 to pin one)"
+    fi
+}
+
+# pl_fetch_file NAME URL KIND: put a good copy of NAME in $STEP_OUT (as a link to
+# the local --archive, or to the download in WORK/archives/).
+pl_fetch_file() {
+    local name=$1 url=$2 kind=$3 path
+    if [ -n "$PL_ARCHIVE" ] && [ ! -d "$PL_ARCHIVE" ]; then
+        [ -e "$PL_ARCHIVE" ] || pl_die "archive $PL_ARCHIVE not found (from --archive / ${PL_ENV}_ARCHIVE)"
+        pl_verify "$PL_ARCHIVE" "$(basename "$PL_ARCHIVE")" "$kind"
+        ln -s "$PL_ARCHIVE" "$STEP_OUT/$name"
+        return
+    fi
+    if [ -n "$PL_ARCHIVE" ]; then  # a folder that holds the file
+        path=$PL_ARCHIVE/$name
+        [ -f "$path" ] || pl_die "$path not found (the --archive folder must hold $name)"
+        pl_verify "$path" "$name" "$kind"
+        ln -s "$path" "$STEP_OUT/$name"
+        return
+    fi
+    path=$PL_WORK/archives/$name
+    if [ ! -f "$path" ]; then
+        pl_download "$url" "$path"
+        PL_SRC_URL=$url pl_verify "$path" "$name" "$kind" 1
+    else
+        pl_log "using the earlier download $path"
+        PL_SRC_URL=$url pl_verify "$path" "$name" "$kind" 1
+    fi
+    ln -s "$path" "$STEP_OUT/$name"
+}
+
+# The fetch step's key: where the data comes from and what it must hash to.
+pl_fetch_key() {
+    printf 'archive=%s url=%s sha256=%s sha256file=%s' "$PL_ARCHIVE" "$PL_URL" "$PL_SHA256" "$PL_SHA256_FILE"
+}
+
+# pl_extract ARCHIVE: unpack into $STEP_OUT.
+pl_extract() {
+    tar -xf "$1" -C "$STEP_OUT" \
+        || pl_die "cannot extract $1 (tar failed: corrupt or truncated archive, or the disk is full); delete it and fetch it again, or pass --archive PATH"
+}
+
+# pl_find_dir ROOT FILE: the folder under ROOT that holds FILE (for archives that
+# may or may not wrap their files in a top folder).
+pl_find_dir() {
+    local hit
+    hit=$(find -L "$1" -name "$2" -type f -print 2>/dev/null | LC_ALL=C sort | head -n1)
+    [ -n "$hit" ] || return 1
+    dirname "$hit"
+}
+
+pl_require_files() {  # DIR FILE... : each must exist
+    local d=$1 f
+    shift
+    for f in "$@"; do
+        [ -f "$d/$f" ] || pl_die "$d/$f is missing: the archive is not the expected one (${PL_ARCHIVE:-$PL_URL}); pass --archive PATH to the right archive"
+    done
+}
+
+# pl_link SRC DEST: hard link when possible (same file system), else copy.
+pl_link() { ln -f -- "$1" "$2" 2>/dev/null || cp -- "$1" "$2"; }
+
+# --- BPE and binarization -------------------------------------------------------
+
+# pl_spm_train DIR SRC TGT: joint BPE (size PL_BPE_SIZE) on DIR/train.{SRC,TGT}
+# -> $STEP_OUT/spm.model, spm.vocab
+pl_spm_train() {
+    pl_helper spm-train "$STEP_OUT/spm" "$PL_BPE_SIZE" "$1/train.$2" "$1/train.$3"
+}
+
+# pl_spm_apply DIR MODEL SRC TGT: DIR/{train,valid,test}.{SRC,TGT} -> $STEP_OUT/
+pl_spm_apply() {
+    local dir=$1 model=$2 args=() s l
+    shift 2
+    for s in train valid test; do
+        for l in "$@"; do args+=("$dir/$s.$l" "$STEP_OUT/$s.$l"); done
+    done
+    pl_helper spm-encode "$model" "${args[@]}"
+    cp -- "$model" "$STEP_OUT/spm.model"
+}
+
+# pl_binarize DIR SRC TGT [fairseq-preprocess args...]: -> $STEP_OUT
+pl_binarize() {
+    local dir=$1 src=$2 tgt=$3
+    shift 3
+    pl_find_fairseq_preprocess
+    "$PL_FSP" --source-lang "$src" --target-lang "$tgt" \
+        --trainpref "$dir/train" --validpref "$dir/valid" --testpref "$dir/test" \
+        --destdir "$STEP_OUT" --joined-dictionary --workers "$PL_WORKERS" "$@" \
+        || pl_die "fairseq-preprocess failed on $dir (see its messages above)"
+    if [ -f "$dir/spm.model" ]; then cp -- "$dir/spm.model" "$STEP_OUT/"; fi
+    {
+        echo "made by scripts/prepare-$PL_NAME.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        echo "source: ${PL_ARCHIVE:-$PL_URL}"
+        cat "$PL_WORK/archives/"*.sha256 2>/dev/null || true
+        echo "text: $dir"
+        for s in train valid test; do echo "$s: $(wc -l <"$dir/$s.$src") pairs"; done
+    } >"$STEP_OUT/prepare-info.txt"
+}
+
+pl_check_aligned() { pl_helper check-aligned "$@"; }
+
+# pl_bpe_and_binarize DIR SRC TGT [fairseq-preprocess args...]: the common tail of
+# every recipe. With PL_BPE_SIZE > 0: steps spm and bpe on DIR/{train,valid,test};
+# then (unless --no-binarize) step binarize into PL_DEST.
+pl_bpe_and_binarize() {
+    local dir=$1 src=$2 tgt=$3 bin_in=$1
+    shift 3
+    if [ "$PL_BPE_SIZE" -gt 0 ]; then
+        pl_step spm "size=$PL_BPE_SIZE" pl_spm_train "$dir" "$src" "$tgt"
+        pl_step bpe "" pl_spm_apply "$dir" "$PL_WORK/spm/spm.model" "$src" "$tgt"
+        bin_in=$PL_WORK/bpe
+    fi
+    if [ "$PL_BINARIZE" = 1 ]; then
+        pl_step --out "$PL_DEST" binarize "dest=$PL_DEST text=$bin_in args=$*" \
+            pl_binarize "$bin_in" "$src" "$tgt" "$@"
+    fi
+}
