@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
-from .base import BatchStatNorm, Discrepancy
+from .base import BatchStatNorm, Discrepancy, measure_discrepancy
 from .registry import NormConfigError, register_norm
 
 _TEST_STATS = ("population", "batch")
@@ -173,15 +173,7 @@ class _SavedStats:
         self.mean, self.var, self.run_mean, self.run_var = mean, var, run_mean, run_var
 
     def discrepancy(self) -> Discrepancy:
-        mu_b, var_b, mu_hat, var_hat = self.mean, self.var, self.run_mean, self.run_var
-        gap = mu_hat - mu_b
-        rbn_mean = (gap * gap).sum()
-        rbn_var = (var_hat - var_b).abs().sum()
-        with torch.no_grad():
-            sigma_b = var_b.sqrt()
-            tid_mean = ((mu_hat - mu_b).abs() / sigma_b).mean()
-            tid_var = (var_hat.sqrt() / sigma_b - 1.0).abs().mean()
-        return Discrepancy(rbn_mean, rbn_var, tid_mean, tid_var)
+        return measure_discrepancy(self.mean, self.var, self.run_mean, self.run_var)
 
 
 @register_norm("batch")
@@ -276,6 +268,19 @@ class MaskedBatchNorm(BatchStatNorm):
     @property
     def uses_batch_stats_in_eval(self) -> bool:
         return self.test_stats == "batch"
+
+    @torch.no_grad()
+    def batch_statistics(self, x, pad_mask=None):
+        """(μ_B, σ²_B) of the real tokens of ``x`` (biased), without changing state."""
+        T, B, C = x.shape
+        xf = x.reshape(T * B, C).to(torch.float32 if x.dtype in _LOW_PRECISION else x.dtype)
+        idx, _, _ = self._rows(pad_mask, T, B, x.device)
+        xr = xf if idx is None else xf.index_select(0, idx)
+        var, mean = torch.var_mean(xr, dim=0, correction=0)
+        return mean, var
+
+    def population_statistics(self):
+        return self.running_mean, self.running_var
 
     def extra_repr(self) -> str:
         return (

@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
-from .base import BatchStatNorm, Discrepancy
+from .base import BatchStatNorm, measure_discrepancy
 from .registry import NormConfigError, register_norm
 
 #: ε of the group scaling (step 1); fixed by the SPEC, independent of ``eps``.
@@ -205,19 +205,26 @@ class PowerNorm(BatchStatNorm):
         if self._last_value is None and self._pending is not None:
             psi2, sigma2 = self._pending
             self._pending = None
-            zero = psi2.new_zeros(())
-            self._last_value = Discrepancy(
-                rbn_mean=zero,
-                rbn_var=(psi2 - sigma2).abs().sum(),
-                tid_mean=zero.clone(),
-                tid_var=(psi2.sqrt() / sigma2.sqrt() - 1).abs().mean(),
-            )
+            self._last_value = measure_discrepancy(None, sigma2, None, psi2)
         return self._last_value
 
     @_last.setter
     def _last(self, value):
         self._pending = None
         self._last_value = value
+
+    @torch.no_grad()
+    def batch_statistics(self, x, pad_mask=None):
+        """(None, σ²_B): quadratic mean of the group-scaled real tokens; no state change."""
+        T, B, C = x.shape
+        flat = x.reshape(T * B, C)
+        if pad_mask is not None:
+            flat = flat[~pad_mask.t().reshape(-1).to(torch.bool)]
+        z = group_scale(flat.to(torch.float64 if x.dtype == torch.float64 else torch.float32), self.groups)
+        return None, z.square().mean(0)
+
+    def population_statistics(self):
+        return None, self.running_psi2
 
     # --- forward -------------------------------------------------------------
 
