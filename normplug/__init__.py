@@ -10,6 +10,10 @@ from . import compat  # noqa: E402
 
 compat.allow_fairseq_checkpoints()
 
+from . import errors  # noqa: E402
+
+errors.install_excepthook()  # one-line errors for damaged checkpoints / data dirs
+
 from . import norms  # noqa: E402,F401
 
 try:  # the layers work without fairseq; the plugin parts need it

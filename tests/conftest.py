@@ -77,3 +77,100 @@ def train_args(data, save_dir, arch, *extra, updates=3):
         "--log-interval", "1", "--log-format", "simple", "--num-workers", "0",
         *extra,
     ]
+
+
+# --------------------------------------------------------------------------- processes
+# Helpers for tests that run several fairseq processes (distributed training,
+# resume after SIGKILL): every process gets its own process group, and whatever
+# happens, no process outlives its test.
+HOOKED_TRAIN = str(REPO / "tests" / "hooked_train.py")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_process(cmd, env=None, cwd=None, stdout=None, stderr=None):
+    """Popen in a new session (its own process group), OMP_NUM_THREADS=1 as in run_cli."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
+    return subprocess.Popen(
+        [str(c) for c in cmd], env=full_env, cwd=cwd, text=True, start_new_session=True,
+        stdout=subprocess.PIPE if stdout is None else stdout,
+        stderr=subprocess.PIPE if stderr is None else stderr,
+    )
+
+
+def kill_group(proc, sig=None):
+    """Send ``sig`` (SIGKILL) to the process group of ``proc`` and reap it."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, sig if sig is not None else signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
+        pass
+
+
+def run_workers(rank_args, tool="fairseq-train", env=None, timeout=180):
+    """Run one ``tool`` process per entry of ``rank_args`` as a gloo group on CPU.
+
+    ``tool`` is a console script of this venv or a Python file (run with this
+    interpreter). Returns [(returncode, stdout, stderr)] per rank; on timeout
+    every process group is killed and the test fails with their output.
+    """
+    import tempfile
+    import time
+
+    world = len(rank_args)
+    port = free_port()
+    base = [sys.executable, tool] if tool.endswith(".py") else [str(BIN / tool)]
+    procs, files = [], []
+    timed_out = False
+    try:
+        for rank, args in enumerate(rank_args):
+            out = tempfile.TemporaryFile("w+")
+            err = tempfile.TemporaryFile("w+")
+            files.append((out, err))
+            rank_env = dict(env or {}, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                            WORLD_SIZE=str(world), RANK=str(rank))
+            procs.append(start_process(
+                base + [*map(str, args), "--cpu", "--distributed-backend", "gloo",
+                        "--distributed-world-size", str(world),
+                        "--distributed-init-method", "env://", "--distributed-no-spawn",
+                        "--distributed-rank", str(rank), "--ddp-backend", "legacy_ddp"],
+                env=rank_env, stdout=out, stderr=err,
+            ))
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            for proc in procs:
+                kill_group(proc)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_group(proc)
+    results = []
+    for proc, (out, err) in zip(procs, files):
+        out.seek(0)
+        err.seek(0)
+        results.append((proc.returncode, out.read(), err.read()))
+        out.close()
+        err.close()
+    if timed_out:
+        raise AssertionError(
+            f"distributed run did not finish in {timeout}s (killed)\n"
+            + "\n".join(f"--- rank {r} stderr\n{e[-3000:]}" for r, (_, _, e) in enumerate(results))
+        )
+    return results

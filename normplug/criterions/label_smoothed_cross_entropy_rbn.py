@@ -90,15 +90,20 @@ class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
 
         zero = loss.new_zeros(())
         totals = {t: zero for t in TERMS}
-        for name, d in terms.items():
-            for t in TERMS:
-                totals[t] = totals[t] + getattr(d, t)
-            logging_output[f"tid_mean/{name}"] = d.tid_mean.detach()
-            logging_output[f"tid_var/{name}"] = d.tid_var.detach()
-        # fixed keys on every step and worker (fairseq sums them across workers)
-        for name in _layer_names(model):
-            logging_output.setdefault(f"tid_mean/{name}", zero)
-            logging_output.setdefault(f"tid_var/{name}", zero)
+        layers = _layer_names(model)
+        # The same keys in the same order on every step and worker: fairseq's fast
+        # stat sync all-reduces the values of all keys as one flat buffer.
+        for name, layer in layers.items():
+            d = terms.get(name)
+            logging_output[f"tid_mean/{name}"] = zero if d is None else d.tid_mean.detach()
+            logging_output[f"tid_var/{name}"] = zero if d is None else d.tid_var.detach()
+            if d is None:
+                continue
+            totals["tid_mean"] = totals["tid_mean"] + d.tid_mean
+            totals["tid_var"] = totals["tid_var"] + d.tid_var
+            if getattr(layer, "supports_rbn", False):  # the penalty sums BN layers only
+                totals["rbn_mean"] = totals["rbn_mean"] + d.rbn_mean
+                totals["rbn_var"] = totals["rbn_var"] + d.rbn_var
 
         penalty = zero
         if self.rbn_mean_weight:

@@ -87,7 +87,8 @@ def add_norm_args(parser):
     group.add_argument("--bn-test-stats", choices=["population", "batch"],
                        help="statistics of batch norms in eval (default population)")
     group.add_argument("--bn-sync-stats", action="store_true", default=None,
-                       help="reduce batch statistics across distributed workers")
+                       help="reduce the batch statistics of batch and power norms across "
+                       "distributed workers (identical running statistics on every worker)")
     group.add_argument("--adanorm-k", type=float, help="AdaNorm k (default 0.1)")
     group.add_argument("--adanorm-scale", type=_positive_float, help="AdaNorm C (default 1.0)")
     group.add_argument("--detach-mode", choices=["mean", "std", "both"],

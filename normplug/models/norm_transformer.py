@@ -24,6 +24,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+from ..errors import check_training_run
 from ..norms import BatchStatNorm, Discrepancy, NormConfigError
 from .norm_plan import NormPlan, add_norm_args
 
@@ -255,6 +256,9 @@ class NormTransformerModel(TransformerModel):
         # The plan is made and checked here, from the full argument namespace;
         # fairseq hands the encoder/decoder builders a TransformerConfig that
         # has no room for plugin options.
+        # Under fairseq-train: refuse a damaged checkpoint to resume from (and
+        # --bf16 without torch_xla) before the trainer exists, on every worker.
+        check_training_run(args)
         try:
             cls._plan_in_construction = NormPlan.from_args(args)
             return super().build_model(args, task)

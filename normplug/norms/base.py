@@ -53,6 +53,11 @@ class BatchStatNorm(nn.Module):
     #: True where the RBN penalty is defined (gradient through batch statistics).
     supports_rbn = False
 
+    #: Floating-point buffers that stay float32 when the module is cast to
+    #: float16/bfloat16 (fairseq --fp16/--bf16): in low precision every EMA step of
+    #: a running statistic is rounded, and a step below half an ulp is lost.
+    float32_buffers: Tuple[str, ...] = ()
+
     @property
     def uses_batch_stats_in_eval(self) -> bool:
         """True if eval mode normalises with the test batch's own statistics,
@@ -73,6 +78,17 @@ class BatchStatNorm(nn.Module):
     def population_statistics(self) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
         """The (mean, variance) this norm uses at inference (mean None if it has none)."""
         raise NotImplementedError
+
+    def _apply(self, fn, *args, **kwargs):
+        # Keep the float32 buffers exact through a cast to half precision: restore
+        # the pre-cast value (moved to the new device) instead of rounding it.
+        before = {name: getattr(self, name) for name in self.float32_buffers}
+        super()._apply(fn, *args, **kwargs)
+        for name, old in before.items():
+            new = getattr(self, name)
+            if new.dtype in (torch.float16, torch.bfloat16) and old.dtype == torch.float32:
+                setattr(self, name, old.to(device=new.device))
+        return self
 
     def discrepancy(self) -> Optional[Discrepancy]:
         """The terms of the last training forward, or None; clears them."""

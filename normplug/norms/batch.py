@@ -191,11 +191,13 @@ class MaskedBatchNorm(BatchStatNorm):
 
     Output at padded positions is exactly 0. A batch without a single real
     token gives an all-zero output and leaves the running statistics untouched.
-    Statistics are computed in float32 for float16/bfloat16 input; the output
-    has the input's dtype.
+    Statistics are computed in float32 for float16/bfloat16 input, and the
+    running statistics stay float32 when the module is cast to half precision;
+    the output has the input's dtype.
     """
 
     supports_rbn = True
+    float32_buffers = ("running_mean", "running_var")
 
     def __init__(
         self,

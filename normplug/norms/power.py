@@ -19,6 +19,12 @@ statistics over the real (non-padding) tokens of the batch only:
    ∂L/∂z = g̃ / sqrt(σ²_B + ε); nothing flows through σ²_B or ψ²;
 6. warm-up is counted in optimizer updates through :meth:`set_num_updates`.
 
+``sync_stats`` (``--bn-sync-stats``; off by default, the released code has no
+sync): in distributed training, Σ z² and n are summed over workers in the
+forward and Σ ∂L/∂y ⊙ ẑ in the backward, so every worker uses the union σ²_B and
+keeps identical ψ², ν and warm-up counter, as one process on the union batch
+would. A worker without a real token still takes part in both sums.
+
 Padding: only real tokens are normalised; padded positions of the output are
 0 and receive no gradient, so whatever they held (huge values, NaN) never reaches
 a statistic, a buffer, a real output or a real gradient.
@@ -26,6 +32,7 @@ a statistic, a buffer, a real output or a real gradient.
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
@@ -58,8 +65,15 @@ def _colsum(m: torch.Tensor) -> torch.Tensor:
     return torch.mv(m.t(), m.new_ones(m.shape[0]))
 
 
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Σ over workers of ``t``, computed in float64 (a new tensor)."""
+    out = t.to(torch.float64, copy=True)
+    dist.all_reduce(out)
+    return out
+
+
 class _PowerFunction(torch.autograd.Function):
-    """Steps 1–5 on the real tokens x (n×C, n ≥ 1) of a training forward.
+    """Steps 1–5 on the real tokens x (n×C, n ≥ 1; n ≥ 0 with ``sync``) of a training forward.
 
     The group scaling z = x ⊙ r (r = 1/RMS of the token's group) gets its exact
     gradient, written out here rather than left to autograd only because the
@@ -74,15 +88,23 @@ class _PowerFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, norm):
+    def forward(ctx, x, weight, bias, norm, sync=False):
         n, c = x.shape
         groups = norm.groups
         xg = x.view(n, groups, c // groups)
         r = group_rsqrt(xg)
         z = torch.mul(xg, r).view(n, c)
         y = torch.mul(z, z)  # z², then reused for the output
-        sigma2 = _colsum(y).div_(n)
-        inv_fwd, inv_bwd = norm._update_running(sigma2)
+        has_tokens = None
+        if sync:  # union statistics: Σ z² and n summed over workers
+            total = _all_reduce_sum(torch.cat([_colsum(y), y.new_full((1,), float(n))]))
+            count = total[c]
+            has_tokens = count > 0
+            n = count.clamp(min=1.0).to(x.dtype)
+            sigma2 = (total[:c] / count.clamp(min=1.0)).to(x.dtype)
+        else:
+            sigma2 = _colsum(y).div_(n)
+        inv_fwd, inv_bwd = norm._update_running(sigma2, has_tokens)
         scale = inv_fwd if weight is None else weight * inv_fwd
         if bias is None:
             torch.mul(z, scale, out=y)
@@ -93,13 +115,17 @@ class _PowerFunction(torch.autograd.Function):
         ctx.alpha_bkw = norm.alpha_bkw
         ctx.groups = groups
         ctx.has_bias = bias is not None
+        ctx.sync = sync
+        ctx.n = n  # number of real tokens behind σ²_B (all workers' with sync)
+        ctx.has_tokens = has_tokens
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gy):
         z, r, weight, inv_fwd, inv_bwd, sigma2 = ctx.saved_tensors
-        n, c = z.shape
+        rows, c = z.shape
+        n = ctx.n  # tokens behind σ²_B: this worker's, or every worker's with sync
         groups = ctx.groups
         k = 1.0 - ctx.alpha_bkw
         nu = ctx.nu.to(z.dtype)
@@ -109,23 +135,27 @@ class _PowerFunction(torch.autograd.Function):
         buf = gy * z
         # Σ_real gy ⊙ ẑ: ∂L/∂γ, and (times γ) the first part of Σ g̃ ⊙ ẑ.
         gy_zhat = _colsum(buf).mul_(inv_fwd)
+        # with sync, ν follows the union batch: Σ gy⊙ẑ over every worker's tokens
+        gy_zhat_all = _all_reduce_sum(gy_zhat).to(z.dtype) if ctx.sync else gy_zhat
         # ν update of SPEC step 5 with g̃ = γ⊙gy − (1−α_b) ν⊙ẑ, expanded so it needs
         # no pass of its own: Σ g̃⊙ẑ = γ⊙Σ gy⊙ẑ − (1−α_b) ν⊙Σ ẑ², Σ ẑ² = n σ²_B inv_fwd².
-        nu_step = gamma * gy_zhat / n - k * nu * sigma2 * inv_fwd.square()
+        nu_step = gamma * gy_zhat_all / n - k * nu * sigma2 * inv_fwd.square()
+        if ctx.has_tokens is not None:  # no real token on any worker: ν unchanged
+            nu_step = torch.where(ctx.has_tokens, nu_step, torch.zeros_like(nu_step))
         # ∂L/∂z = g̃ / sqrt(σ²_B + ε) = gy⊙(γ inv_bwd) − z⊙((1−α_b) ν inv_fwd inv_bwd)
         dz = gy * (gamma * inv_bwd)
         dz.addcmul_(z, k * nu * inv_fwd * inv_bwd, value=-1.0)
         # Through the group scaling (exact): ∂L/∂x = r ⊙ (∂L/∂z − z ⊙ mean_g(∂L/∂z ⊙ z)).
         torch.mul(dz, z, out=buf)
         d = c // groups
-        q = buf.view(n, groups, d).sum(-1, keepdim=True).div_(d)
-        dxg = dz.view(n, groups, d)
-        dxg.addcmul_(z.view(n, groups, d), q, value=-1.0).mul_(r)
+        q = buf.view(rows, groups, d).sum(-1, keepdim=True).div_(d)
+        dxg = dz.view(rows, groups, d)
+        dxg.addcmul_(z.view(rows, groups, d), q, value=-1.0).mul_(r)
         ctx.nu.add_(nu_step.to(ctx.nu.dtype))
 
         grad_w = gy_zhat if weight is not None and ctx.needs_input_grad[1] else None
         grad_b = _colsum(gy) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dz, grad_w, grad_b, None
+        return dz, grad_w, grad_b, None, None
 
 
 @register_norm("power")
@@ -133,6 +163,9 @@ class PowerNorm(BatchStatNorm):
     """PowerNorm (Shen et al., ICML 2020) as released: SPEC §2 ``power``."""
 
     supports_rbn = False
+    # ψ² and ν stay float32 when the model is cast to fp16/bf16 (fairseq --fp16 /
+    # --bf16): they are statistics, computed in float32 anyway (BatchStatNorm._apply).
+    float32_buffers = ("running_psi2", "nu")
 
     def __init__(
         self,
@@ -144,6 +177,7 @@ class PowerNorm(BatchStatNorm):
         alpha_fwd=0.9,
         alpha_bkw=0.9,
         affine=True,
+        sync_stats=False,
     ):
         super().__init__()
         if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
@@ -164,6 +198,8 @@ class PowerNorm(BatchStatNorm):
                 raise NormConfigError(f"norm 'power': {name} must be in [0, 1], got {a!r}")
         if not isinstance(eps, (int, float)) or not eps > 0 or not math.isfinite(eps):
             raise NormConfigError(f"norm 'power': eps must be a positive number, got {eps!r}")
+        if not isinstance(sync_stats, bool):
+            raise NormConfigError(f"norm 'power': sync_stats must be True or False, got {sync_stats!r}")
 
         self.dim = dim
         self.eps = float(eps)
@@ -172,6 +208,7 @@ class PowerNorm(BatchStatNorm):
         self.alpha_fwd = float(alpha_fwd)
         self.alpha_bkw = float(alpha_bkw)
         self.affine = bool(affine)
+        self.sync_stats = sync_stats
         if self.affine:
             self.weight = nn.Parameter(torch.ones(dim))
             self.bias = nn.Parameter(torch.zeros(dim))
@@ -228,16 +265,6 @@ class PowerNorm(BatchStatNorm):
 
     # --- forward -------------------------------------------------------------
 
-    def _apply(self, fn, *args, **kwargs):
-        # Keep ψ² and ν in float32 when the model is cast to fp16/bf16 (fairseq
-        # --fp16 / --bf16): they are statistics, computed in float32 anyway.
-        super()._apply(fn, *args, **kwargs)
-        for name in ("running_psi2", "nu"):
-            buf = getattr(self, name)
-            if buf.dtype in (torch.float16, torch.bfloat16):
-                setattr(self, name, buf.float())
-        return self
-
     def reset_parameters(self):
         if self.affine:
             nn.init.ones_(self.weight)
@@ -252,7 +279,16 @@ class PowerNorm(BatchStatNorm):
         return (
             f"{self.dim}, eps={self.eps}, groups={self.groups}, "
             f"warmup_updates={self.warmup_updates}, alpha_fwd={self.alpha_fwd}, "
-            f"alpha_bkw={self.alpha_bkw}, affine={self.affine}"
+            f"alpha_bkw={self.alpha_bkw}, affine={self.affine}, sync_stats={self.sync_stats}"
+        )
+
+    def _distributed(self) -> bool:
+        return (
+            self.sync_stats
+            and self.training
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
         )
 
     def forward(self, x, pad_mask=None):
@@ -282,8 +318,9 @@ class PowerNorm(BatchStatNorm):
         bias = None if self.bias is None else self.bias.to(cdt)
 
         self._last = None
-        if self.training and n > 0:
-            y = _PowerFunction.apply(xr, weight, bias, self)
+        sync = self._distributed()
+        if self.training and (n > 0 or sync):
+            y = _PowerFunction.apply(xr, weight, bias, self, sync)
         else:
             # Eval (or no real token: nothing to learn from, no update).
             inv = torch.rsqrt(self.running_psi2.to(cdt) + self.eps)
@@ -297,8 +334,11 @@ class PowerNorm(BatchStatNorm):
         return y.view(T, B, C)
 
     @torch.no_grad()
-    def _update_running(self, sigma2):
+    def _update_running(self, sigma2, has_tokens=None):
         """Steps 3–4 for one training forward with batch statistic ``sigma2``.
+
+        ``has_tokens`` (a bool tensor, sync only) False: no worker had a real
+        token, so ψ² and the warm-up counter stay as they are.
 
         Returns (1/sqrt of the forward's statistic + ε, 1/sqrt(σ²_B + ε)) and
         updates ψ² and the warm-up counter. Warm-up is decided on the device
@@ -314,6 +354,9 @@ class PowerNorm(BatchStatNorm):
         cum = psi2 + (sigma2 - psi2) / k.clamp(min=1).to(cdt)
         ema = psi2 * self.alpha_fwd + sigma2 * (1.0 - self.alpha_fwd)
         new_psi2 = torch.where(warm, cum, ema)
+        if has_tokens is not None:
+            new_psi2 = torch.where(has_tokens, new_psi2, psi2)
+            k = torch.where(has_tokens, k, self.warmup_steps)
         self.running_psi2.copy_(new_psi2)
         self.warmup_steps.copy_(k)
         self._pending = (new_psi2, sigma2)
