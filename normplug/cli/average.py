@@ -34,9 +34,11 @@ Examples::
     normplug-tid avg.pt avg_reest.pt --data data-bin/iwslt14 --csv tid_avg.csv
 """
 import argparse
-import logging
 import os
 import sys
+
+from . import common
+from .common import configure_logging
 
 PROG = "normplug-average"
 
@@ -76,24 +78,8 @@ def build_parser():
     return p
 
 
-def configure_logging(verbose: bool):
-    """Only warnings and errors unless -v: importing fairseq has configured the
-    root logger at DEBUG (fairseq.models.wav2vec.wav2vec2_classification)."""
-    logging.basicConfig(
-        force=True,
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
-    if not verbose:
-        import warnings
-
-        warnings.filterwarnings("ignore")
-
-
 def fail(message: str):
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    common.fail(PROG, message)
 
 
 def select_inputs(args):

@@ -37,10 +37,12 @@ everything succeeded, so an error never leaves a half-written CSV or PNG.
 """
 import argparse
 import csv
-import logging
 import math
 import os
 import sys
+
+from . import common
+from .common import configure_logging
 
 PROG = "normplug-tid"
 
@@ -70,24 +72,8 @@ def build_parser():
     return p
 
 
-def configure_logging(verbose: bool):
-    """Only warnings and errors unless -v: importing fairseq has configured the
-    root logger at DEBUG (fairseq.models.wav2vec.wav2vec2_classification)."""
-    logging.basicConfig(
-        force=True,
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
-    if not verbose:
-        import warnings
-
-        warnings.filterwarnings("ignore")
-
-
 def fail(message: str):
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    common.fail(PROG, message)
 
 
 def _expand(paths):

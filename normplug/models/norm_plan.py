@@ -5,7 +5,7 @@ every site's norm through the registry; the model never looks inside a norm.
 """
 import argparse
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict
 
 import torch.nn as nn
 

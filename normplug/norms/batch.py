@@ -39,6 +39,17 @@ def _v4(t: torch.Tensor) -> torch.Tensor:
     return t.view(t.shape[0], t.shape[1], 1, 1)
 
 
+def _normalize(x, mean, var, weight, bias, eps):
+    """γ ⊙ (x − μ)/sqrt(σ² + ε) + β as one fused pass x·scale + shift (per-channel folding)."""
+    scale = torch.rsqrt(var + eps)
+    if weight is not None:
+        scale = scale * weight
+    shift = -mean * scale
+    if bias is not None:
+        shift = shift + bias
+    return torch.addcmul(shift, x, scale)
+
+
 class _MaskedBatchNormFn(Function):
     """(x_flat, real rows, pad rows, weight, bias) -> (y, μ_B, σ²_B), all differentiable.
 
@@ -333,15 +344,8 @@ class MaskedBatchNorm(BatchStatNorm):
         if not self.training:
             self._last = None
             if self.test_stats == "population":
-                mean = self.running_mean.to(cdtype)
-                var = self.running_var.to(cdtype)
-                scale = torch.rsqrt(var + self.eps)
-                if weight is not None:
-                    scale = scale * weight
-                shift = -mean * scale
-                if bias is not None:
-                    shift = shift + bias
-                out = torch.addcmul(shift, xf, scale)
+                out = _normalize(xf, self.running_mean.to(cdtype), self.running_var.to(cdtype),
+                                 weight, bias, self.eps)
                 if pidx is not None:
                     out.index_fill_(0, pidx, 0.0)
             elif n == 0:
@@ -408,13 +412,7 @@ class MaskedBatchNorm(BatchStatNorm):
         var64 = (total[C : 2 * C] / safe - mean64 * mean64).clamp(min=0.0)
         mean = mean64.to(xf.dtype)
         var = var64.to(xf.dtype)
-        scale = torch.rsqrt(var + self.eps)
-        if weight is not None:
-            scale = scale * weight
-        shift = -mean * scale
-        if bias is not None:
-            shift = shift + bias
-        yr = torch.addcmul(shift, xr, scale)
+        yr = _normalize(xr, mean, var, weight, bias, self.eps)
         if idx is None:
             out = yr
         else:
