@@ -26,16 +26,21 @@ py=$VENV/bin/python
 pip() { "$py" -m pip --disable-pip-version-check "$@"; }
 
 # 1. torch. Never let a dependency pick it: an unpinned torch on PyPI is a CUDA
-# build of several GB. On a machine without an NVIDIA driver take the CPU build:
-# first from local wheels (find-links in pip's config), else PyTorch's CPU index.
+# build of several GB. With an NVIDIA driver take the default (CUDA) build;
+# without one the CPU build: a local CPU wheel (pip's find-links) if there is
+# one, else PyTorch's CPU index, where the +cpu label guarantees the CPU build.
 if ! "$py" -c 'import torch' 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         echo "setup: NVIDIA GPU found, installing torch==$TORCH_VERSION (CUDA build)"
         pip install "torch==$TORCH_VERSION"
+    elif pip install -q --no-index --no-deps "torch==$TORCH_VERSION" 2>/dev/null \
+            && "$py" -c 'import importlib.metadata as m, sys; sys.exit("+cpu" not in m.version("torch"))'; then
+        echo "setup: no GPU, using the local CPU wheel of torch==$TORCH_VERSION"
+        pip install -q "torch==$TORCH_VERSION"  # its dependencies, from the registry
     else
-        echo "setup: no GPU, installing the CPU build of torch==$TORCH_VERSION"
-        pip install --no-index "torch==$TORCH_VERSION" 2>/dev/null \
-            || pip install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+        echo "setup: no GPU, installing torch==$TORCH_VERSION+cpu from PyTorch's CPU index"
+        "$py" -m pip uninstall -q -y torch 2>/dev/null || true
+        pip install "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
     fi
 fi
 
