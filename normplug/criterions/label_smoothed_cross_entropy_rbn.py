@@ -51,6 +51,15 @@ def _layer_names(model):
     return {} if names is None else names()
 
 
+def no_batch_norm_message(mean_weight, var_weight, found) -> str:
+    return (
+        f"normplug: error: --rbn-mean-weight {mean_weight:g} / --rbn-var-weight {var_weight:g} "
+        f"need batch-norm layers, but the model has no 'batch' norm (batch-statistics norms: "
+        f"{found}); use a *_bn / *_rbn architecture or --encoder-norm batch, or set both "
+        "weights to 0"
+    )
+
+
 @register_criterion("label_smoothed_cross_entropy_rbn", dataclass=LabelSmoothedCrossEntropyRBNConfig)
 class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
     """Label-smoothed cross entropy + RBN penalty; logs task loss, penalty and TID apart."""
@@ -75,12 +84,7 @@ class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
         layers = _layer_names(model)
         if not any(getattr(m, "supports_rbn", False) for m in layers.values()):
             found = ", ".join(f"{k} ({m.norm_name})" for k, m in layers.items()) or "none"
-            raise SystemExit(
-                f"normplug: error: --rbn-mean-weight {self.rbn_mean_weight:g} / "
-                f"--rbn-var-weight {self.rbn_var_weight:g} need batch-norm layers, but the "
-                f"model has no 'batch' norm (batch-statistics norms: {found}); use a "
-                "*_bn / *_rbn architecture or --encoder-norm batch, or set both weights to 0"
-            )
+            raise SystemExit(no_batch_norm_message(self.rbn_mean_weight, self.rbn_var_weight, found))
 
     def forward(self, model, sample, reduce=True):
         self._check_model(model)

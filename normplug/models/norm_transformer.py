@@ -260,7 +260,9 @@ class NormTransformerModel(TransformerModel):
         # --bf16 without torch_xla) before the trainer exists, on every worker.
         check_training_run(args)
         try:
-            cls._plan_in_construction = NormPlan.from_args(args)
+            plan = NormPlan.from_args(args)
+            _check_rbn_criterion(args, plan)
+            cls._plan_in_construction = plan
             return super().build_model(args, task)
         except NormConfigError as err:
             # a user's flag combination: a one-line message, not a traceback
@@ -310,6 +312,23 @@ class NormTransformerModel(TransformerModel):
             if d is not None:
                 out[name] = d
         return out
+
+
+def _check_rbn_criterion(args, plan: NormPlan):
+    """RBN weights on a model without BN would train plain LN: refuse before training.
+
+    The criterion checks this too, at its first step, for models that are not ours."""
+    from ..criterions.label_smoothed_cross_entropy_rbn import no_batch_norm_message
+
+    if getattr(args, "criterion", None) != "label_smoothed_cross_entropy_rbn":
+        return
+    weights = (getattr(args, "rbn_mean_weight", 0) or 0, getattr(args, "rbn_var_weight", 0) or 0)
+    built = {key: name for key, name in plan.sites.items()  # final norms exist in Pre-Norm only
+             if key[1] != "final" or getattr(args, f"{key[0]}_normalize_before", False)}
+    if any(w > 0 for w in weights) and "batch" not in built.values():
+        found = ", ".join(f"{stack} {site} ({name})" for (stack, site), name in built.items()
+                          if name == "power") or "none"
+        raise SystemExit(no_batch_norm_message(*weights, found))
 
 
 _SITE_SHORT = {
