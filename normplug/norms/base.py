@@ -1,4 +1,5 @@
 """What the rest of normplug may know about a norm that uses batch statistics."""
+import weakref
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -41,6 +42,43 @@ def measure_discrepancy(batch_mean: Optional[torch.Tensor], batch_var: torch.Ten
         tid_mean=tid_mean,
         tid_var=(pop_var.sqrt() / sigma_b - 1).abs().mean(),
     )
+
+
+# id(pad_mask) -> (weak ref to it, its version, rows). A Transformer hands the same
+# mask object to every norm of a stream in one forward; finding the rows needs
+# nonzero(), a host sync on a GPU, so it is done once per mask, not once per layer.
+# (Tensors compare elementwise, so a WeakKeyDictionary cannot hold them.)
+_ROWS: dict = {}
+
+
+def token_rows(pad_mask: Optional[torch.Tensor], T: int, B: int, device
+               ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], int]:
+    """Rows of the real and the padded tokens in x.reshape(T*B, C), and n real.
+
+    Both index tensors are None when every token is real (``pad_mask`` None or
+    all False). ``pad_mask`` is B×T, True at padding.
+    """
+    N = T * B
+    if pad_mask is None:
+        return None, None, N
+    if pad_mask.shape != (B, T):
+        raise ValueError(
+            f"pad_mask must be B×T = {(B, T)} for x of shape T×B×C (True at padding), "
+            f"got {tuple(pad_mask.shape)}"
+        )
+    cached = _ROWS.get(id(pad_mask))
+    if (cached is not None and cached[0]() is pad_mask and cached[1] == pad_mask._version
+            and cached[2][0].device == torch.device(device)):
+        return cached[2]
+    pad_rows = pad_mask.to(device=device, dtype=torch.bool).t().reshape(N)
+    idx = (~pad_rows).nonzero().squeeze(1)
+    n = idx.numel()
+    rows = (None, None, N) if n == N and N > 0 else (idx, pad_rows.nonzero().squeeze(1), n)
+    if rows[0] is not None:
+        if len(_ROWS) > 32:  # masks of earlier forwards: gone or never asked again
+            _ROWS.clear()
+        _ROWS[id(pad_mask)] = (weakref.ref(pad_mask), pad_mask._version, rows)
+    return rows
 
 
 class BatchStatNorm(nn.Module):

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
-from .base import BatchStatNorm, Discrepancy, measure_discrepancy
+from .base import BatchStatNorm, Discrepancy, measure_discrepancy, token_rows
 from .registry import NormConfigError, register_norm
 
 _TEST_STATS = ("population", "batch")
@@ -287,7 +287,7 @@ class MaskedBatchNorm(BatchStatNorm):
         """(μ_B, σ²_B) of the real tokens of ``x`` (biased), without changing state."""
         T, B, C = x.shape
         xf = x.reshape(T * B, C).to(torch.float32 if x.dtype in _LOW_PRECISION else x.dtype)
-        idx, _, _ = self._rows(pad_mask, T, B, x.device)
+        idx, _, _ = token_rows(pad_mask, T, B, x.device)
         xr = xf if idx is None else xf.index_select(0, idx)
         var, mean = torch.var_mean(xr, dim=0, correction=0)
         return mean, var
@@ -302,26 +302,6 @@ class MaskedBatchNorm(BatchStatNorm):
         )
 
     # -- forward ------------------------------------------------------------------
-    def _rows(self, pad_mask, T, B, device) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], int]:
-        """Indices of the real and padded rows of the (T*B)×C matrix, and n.
-
-        Both are None when every token is real.
-        """
-        N = T * B
-        if pad_mask is None:
-            return None, None, N
-        if pad_mask.shape != (B, T):
-            raise ValueError(
-                f"pad_mask must be B×T = {(B, T)} for x of shape T×B×C, got {tuple(pad_mask.shape)}"
-            )
-        pad_rows = pad_mask.to(device=device, dtype=torch.bool).t().reshape(N)
-        idx = (~pad_rows).nonzero().squeeze(1)
-        n = idx.numel()
-        if n == N and N > 0:
-            return None, None, N
-        pidx = pad_rows.nonzero().squeeze(1)
-        return idx, pidx, n
-
     def _distributed(self) -> bool:
         return (
             self.sync_stats
@@ -339,7 +319,7 @@ class MaskedBatchNorm(BatchStatNorm):
         xf = x.reshape(T * B, C).to(cdtype).contiguous()
         weight = self.weight.to(cdtype) if self.weight is not None else None
         bias = self.bias.to(cdtype) if self.bias is not None else None
-        idx, pidx, n = self._rows(pad_mask, T, B, x.device)
+        idx, pidx, n = token_rows(pad_mask, T, B, x.device)
 
         if not self.training:
             self._last = None

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
-from .base import BatchStatNorm, measure_discrepancy
+from .base import BatchStatNorm, measure_discrepancy, token_rows
 from .registry import NormConfigError, register_norm
 
 #: ε of the group scaling (step 1); fixed by the SPEC, independent of ``eps``.
@@ -298,17 +298,8 @@ class PowerNorm(BatchStatNorm):
             )
         T, B, C = x.shape
         flat = x.reshape(T * B, C)
-        idx = None
-        if pad_mask is not None:
-            if pad_mask.shape != (B, T):
-                raise ValueError(
-                    f"PowerNorm: pad_mask must be B×T = {(B, T)} (True at padding), "
-                    f"got {tuple(pad_mask.shape)}"
-                )
-            # Row t*B + b of `flat` is token (t, b); keep the real ones only.
-            idx = (~pad_mask.t().to(torch.bool)).reshape(-1).nonzero().squeeze(1)
-            if idx.numel() == T * B:
-                idx = None
+        # Row t*B + b of `flat` is token (t, b); keep the real ones only.
+        idx, _, _ = token_rows(pad_mask, T, B, x.device)
         xr = flat if idx is None else flat.index_select(0, idx)
 
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
