@@ -106,6 +106,20 @@ class BatchStatNorm(nn.Module):
         super().__init__()
         self._last: Optional[Discrepancy] = None
 
+    #: Reduce batch statistics over distributed workers (subclasses set it from an option).
+    sync_stats = False
+
+    def _distributed(self) -> bool:
+        """True when this training forward must sum its statistics over workers."""
+        dist = torch.distributed
+        return (
+            self.sync_stats
+            and self.training
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
+        )
+
     def batch_statistics(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None
                          ) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
         """Per-channel (mean, variance) of the real tokens of ``x`` as this norm

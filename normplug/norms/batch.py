@@ -20,7 +20,7 @@ with ``native_batch_norm_backward`` and writes the input gradient in two fused
 passes. The batch mean and variance are also differentiable outputs of the same
 autograd function, so the RBN penalty costs nothing unless it is used.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -302,15 +302,6 @@ class MaskedBatchNorm(BatchStatNorm):
         )
 
     # -- forward ------------------------------------------------------------------
-    def _distributed(self) -> bool:
-        return (
-            self.sync_stats
-            and self.training
-            and dist.is_available()
-            and dist.is_initialized()
-            and dist.get_world_size() > 1
-        )
-
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape T×B×{self.dim}, got {tuple(x.shape)}")

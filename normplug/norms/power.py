@@ -282,15 +282,6 @@ class PowerNorm(BatchStatNorm):
             f"alpha_bkw={self.alpha_bkw}, affine={self.affine}, sync_stats={self.sync_stats}"
         )
 
-    def _distributed(self) -> bool:
-        return (
-            self.sync_stats
-            and self.training
-            and dist.is_available()
-            and dist.is_initialized()
-            and dist.get_world_size() > 1
-        )
-
     def forward(self, x, pad_mask=None):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(
