@@ -64,16 +64,7 @@ def build_parser():
     r = p.add_argument_group("re-estimation of population statistics")
     r.add_argument("--reestimate-stats", action="store_true",
                    help="recompute running statistics of BN/PN layers for the averaged weights")
-    r.add_argument("--data", metavar="DIR",
-                   help="binarized data directory (default: the one recorded in the checkpoint)")
-    r.add_argument("--split", default="train", help="split to re-estimate on (default: train)")
-    r.add_argument("--max-tokens", type=int, default=4096,
-                   help="tokens per batch; use the training batch size (default: 4096)")
-    r.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
-    r.add_argument("--max-batches", type=int, default=None,
-                   help="use K random batches of the split (default: all of them)")
-    r.add_argument("--seed", type=int, default=1, help="which random batches (default: 1)")
-    r.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
+    common.add_data_args(r, "train", "re-estimate on")
     p.add_argument("-v", "--verbose", action="store_true", help="show fairseq's log")
     return p
 

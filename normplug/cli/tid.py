@@ -56,18 +56,9 @@ def build_parser():
     )
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files, or save dirs (every checkpointN.pt / checkpoint_E_U.pt in them)")
-    p.add_argument("--data", metavar="DIR",
-                   help="binarized data directory (default: the one recorded in the checkpoint)")
-    p.add_argument("--split", default="valid", help="data split to measure on (default: valid)")
-    p.add_argument("--max-tokens", type=int, default=4096,
-                   help="tokens per batch, as in training (default: 4096)")
-    p.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: no limit)")
-    p.add_argument("--max-batches", type=int, default=None,
-                   help="measure on at most this many batches (default: the whole split)")
-    p.add_argument("--seed", type=int, default=1, help="order of the batches (default: 1)")
+    common.add_data_args(p, "valid", "measure on")
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument("--plot", metavar="PATH", help="draw a PNG figure")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
     p.add_argument("-v", "--verbose", action="store_true", help="show fairseq's log")
     return p
 
