@@ -301,8 +301,16 @@ class NormTransformerModel(TransformerModel):
     # -- the interface the criterion reads -----------------------------------
 
     def batch_stat_norms(self) -> Dict[str, BatchStatNorm]:
-        """Every norm with batch statistics, by a short site name (e.g. ``enc0.attn``)."""
-        return {site_name(name): m for name, m in self.named_modules() if isinstance(m, BatchStatNorm)}
+        """Every norm with batch statistics, by a short site name (e.g. ``enc0.attn``).
+
+        The criterion asks on every step; the sites are fixed once the model is
+        built, so the module walk is done once (rebuilt if a site was replaced)."""
+        cached = self.__dict__.get("_batch_stat_norms")
+        if cached is None or any(self.get_submodule(path) is not m for path, m in cached[1]):
+            found = [(name, m) for name, m in self.named_modules() if isinstance(m, BatchStatNorm)]
+            cached = ({site_name(name): m for name, m in found}, found)
+            self.__dict__["_batch_stat_norms"] = cached
+        return cached[0]
 
     def norm_discrepancies(self) -> Dict[str, Discrepancy]:
         """Terms of the last training forward of each batch-statistics norm."""
