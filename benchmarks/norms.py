@@ -69,6 +69,26 @@ def make_batch(T, B, C, device, dtype, seed):
     return x.to(**to), g.to(**to), pad_mask.to(device), lengths
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse (no trimming, no mmap for
+    blocks up to its 32 MB cap). Otherwise whether a step's fresh 8 MB buffers
+    page-fault depends on what the previous candidate freed, and that swamps
+    the differences being measured (medians moved 2× between identical runs
+    here). A long training process is in the kept state anyway. Returns False
+    where this is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        ok_trim = libc.mallopt(m_trim_threshold, 1 << 30)
+        ok_mmap = libc.mallopt(m_mmap_threshold, 32 << 20)
+        return bool(ok_trim and ok_mmap)
+    except (OSError, AttributeError):
+        return False
+
+
 def step_fn(module, x, g, pad_mask, call):
     params = [p for p in module.parameters() if p.requires_grad]
     inputs = [x] + params
@@ -102,7 +122,15 @@ def main(argv=None):
         " steadier on a machine shared with other jobs, page faults included)",
     )
     ap.add_argument("--only", nargs="*", help="registered norms to time (default: all)")
+    ap.add_argument(
+        "--allocator", default="keep", choices=["keep", "default"],
+        help="keep: glibc keeps freed memory, so timings are not page faults of fresh buffers"
+        " (see keep_freed_memory); default: leave malloc as it is",
+    )
     args = ap.parse_args(argv)
+    allocator = "default malloc"
+    if args.allocator == "keep":
+        allocator = "malloc keeps freed memory" if keep_freed_memory() else "default malloc (not glibc)"
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -159,7 +187,7 @@ def main(argv=None):
         f"forward+backward, T={args.T} B={args.B} C={args.C} {args.dtype} on {device}"
         f" ({torch.get_num_threads()} threads), padding {pad_frac:.0%} of tokens"
         f" (lengths {int(lengths.min())}..{int(lengths.max())});"
-        f" {args.clock} clock, median of {args.rounds} interleaved rounds"
+        f" {args.clock} clock, median of {args.rounds} interleaved rounds; {allocator}"
     )
     print(f"{'norm':<22}{'median ms':>11}{'IQR ms':>15}{'min ms':>9}{'x LayerNorm':>13}{'x (x*2)':>9}")
     for label in candidates:

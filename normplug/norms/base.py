@@ -44,11 +44,38 @@ def measure_discrepancy(batch_mean: Optional[torch.Tensor], batch_var: torch.Ten
     )
 
 
-# id(pad_mask) -> (weak ref to it, its version, rows). A Transformer hands the same
-# mask object to every norm of a stream in one forward; finding the rows needs
-# nonzero(), a host sync on a GPU, so it is done once per mask, not once per layer.
-# (Tensors compare elementwise, so a WeakKeyDictionary cannot hold them.)
+# id(pad_mask) -> (weak ref to it, its version, device, rows, padding-row mask).
+# A Transformer hands the same mask object to every norm of a stream in one
+# forward; finding the rows needs nonzero(), a host sync on a GPU, so it is done
+# once per mask, not once per layer. (Tensors compare elementwise, so a
+# WeakKeyDictionary cannot hold them.)
 _ROWS: dict = {}
+
+
+def _mask_rows(pad_mask: torch.Tensor, T: int, B: int, device):
+    """The cache entry of ``pad_mask`` on ``device``, computed if missing or stale."""
+    if pad_mask.shape != (B, T):
+        raise ValueError(
+            f"pad_mask must be B×T = {(B, T)} for x of shape T×B×C (True at padding), "
+            f"got {tuple(pad_mask.shape)}"
+        )
+    device = torch.device(device)
+    cached = _ROWS.get(id(pad_mask))
+    if (cached is not None and cached[0]() is pad_mask and cached[1] == pad_mask._version
+            and cached[2] == device):
+        return cached
+    N = T * B
+    pad_rows = pad_mask.to(device=device, dtype=torch.bool).t().contiguous().view(N)
+    idx = (~pad_rows).nonzero().squeeze(1)
+    n = idx.numel()
+    if n == N and N > 0:
+        rows, pad_rows = (None, None, N), None
+    else:
+        rows = (idx, pad_rows.nonzero().squeeze(1), n)
+    if len(_ROWS) > 32:  # masks of earlier forwards: gone or never asked again
+        _ROWS.clear()
+    entry = _ROWS[id(pad_mask)] = (weakref.ref(pad_mask), pad_mask._version, device, rows, pad_rows)
+    return entry
 
 
 def token_rows(pad_mask: Optional[torch.Tensor], T: int, B: int, device
@@ -58,27 +85,17 @@ def token_rows(pad_mask: Optional[torch.Tensor], T: int, B: int, device
     Both index tensors are None when every token is real (``pad_mask`` None or
     all False). ``pad_mask`` is B×T, True at padding.
     """
-    N = T * B
     if pad_mask is None:
-        return None, None, N
-    if pad_mask.shape != (B, T):
-        raise ValueError(
-            f"pad_mask must be B×T = {(B, T)} for x of shape T×B×C (True at padding), "
-            f"got {tuple(pad_mask.shape)}"
-        )
-    cached = _ROWS.get(id(pad_mask))
-    if (cached is not None and cached[0]() is pad_mask and cached[1] == pad_mask._version
-            and cached[2][0].device == torch.device(device)):
-        return cached[2]
-    pad_rows = pad_mask.to(device=device, dtype=torch.bool).t().reshape(N)
-    idx = (~pad_rows).nonzero().squeeze(1)
-    n = idx.numel()
-    rows = (None, None, N) if n == N and N > 0 else (idx, pad_rows.nonzero().squeeze(1), n)
-    if rows[0] is not None:
-        if len(_ROWS) > 32:  # masks of earlier forwards: gone or never asked again
-            _ROWS.clear()
-        _ROWS[id(pad_mask)] = (weakref.ref(pad_mask), pad_mask._version, rows)
-    return rows
+        return None, None, T * B
+    return _mask_rows(pad_mask, T, B, device)[3]
+
+
+def padding_rows(pad_mask: Optional[torch.Tensor], T: int, B: int, device) -> Optional[torch.Tensor]:
+    """Row mask of x.reshape(T*B, C) for the CPU kernels: N bools, True at padding,
+    contiguous; None when every token is real."""
+    if pad_mask is None:
+        return None
+    return _mask_rows(pad_mask, T, B, device)[4]
 
 
 class BatchStatNorm(nn.Module):

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
-from .base import BatchStatNorm, Discrepancy, measure_discrepancy, token_rows
+from . import cpu_kernels
+from .base import BatchStatNorm, Discrepancy, measure_discrepancy, padding_rows, token_rows
 from .registry import NormConfigError, register_norm
 
 _TEST_STATS = ("population", "batch")
@@ -159,6 +160,54 @@ class _MaskedBatchNormFn(Function):
         return grad_x, None, None, grad_w, grad_b, None
 
 
+class _MaskedBatchNormKernelFn(Function):
+    """A training forward of :class:`MaskedBatchNorm` through the fused CPU kernels.
+
+    (x_flat, pad rows, n, weight, bias, eps, ρ, running mean, running var) ->
+    (y, μ_B, σ²_B, aux, tid). Same maths as :class:`_MaskedBatchNormFn` plus the
+    running-statistics update, in one call each way (``bn_train_fwd`` and
+    ``bn_bwd`` in csrc/kernels.cpp): forward, one pass for the moments of the
+    real rows and one for y = γ·(x − μ_B)·invstd + β (0 at padding); backward,
+    one pass for Σg and Σg(x − μ_B) over the real rows and one for
+    gx = γ·invstd·(g − Σg/n − x̂·Σ(g x̂)/n) + ∂μ_B/∂x·ḡ_μ + ∂σ²_B/∂x·ḡ_σ² (0 at padding).
+    ``pad`` is the N-byte row mask (True at padding) or None; n ≥ 1. The
+    running statistics (compute dtype) are updated in place. ``aux`` (3×C:
+    invstd, running mean and variance after the update) and ``tid`` (the two TID
+    figures against them) are not differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, xf, pad, n, weight, bias, eps, momentum, run_mean, run_var):
+        ctx.set_materialize_grads(False)
+        n_rows, channels = xf.shape
+        mean, var = xf.new_empty(channels), xf.new_empty(channels)
+        aux, tid = xf.new_empty(3, channels), xf.new_empty(2)
+        out = torch.empty_like(xf)
+        cpu_kernels.call("bn_train_fwd", xf.dtype, xf, pad, n_rows, channels, weight, bias, eps, momentum,
+                         run_mean, run_var, mean, var, aux, tid, out)
+        ctx.n = n
+        ctx.save_for_backward(xf, pad, weight, mean, aux)
+        ctx.mark_non_differentiable(aux, tid)
+        return out, mean, var, aux, tid
+
+    @staticmethod
+    def backward(ctx, g_out, g_mean, g_var, _g_aux, _g_tid):
+        xf, pad, weight, mean, aux = ctx.saved_tensors
+        n_rows, channels = xf.shape
+        dt = xf.dtype
+        need_x, _, _, need_w, need_b = ctx.needs_input_grad[:5]
+        g = None if g_out is None else g_out.to(dt).contiguous()
+        with_g = g is not None
+        grad_x = torch.empty_like(xf) if need_x else None
+        grad_w = xf.new_empty(channels) if need_w and with_g else None
+        grad_b = xf.new_empty(channels) if need_b and with_g else None
+        g_mean = None if g_mean is None else g_mean.to(dt).contiguous()
+        g_var = None if g_var is None else g_var.to(dt).contiguous()
+        cpu_kernels.call("bn_bwd", dt, g, xf, pad, n_rows, channels, ctx.n, mean, aux[0], weight,
+                         g_mean, g_var, grad_x, grad_w, grad_b)
+        return grad_x, None, None, grad_w, grad_b, None, None, None, None
+
+
 class _AllReduceSum(Function):
     """Sum over workers; the gradient is again summed over workers."""
 
@@ -185,6 +234,25 @@ class _SavedStats:
 
     def discrepancy(self) -> Discrepancy:
         return measure_discrepancy(self.mean, self.var, self.run_mean, self.run_var)
+
+
+class _KernelSavedStats:
+    """Batch statistics and TID figures of the last kernel training forward."""
+
+    __slots__ = ("mean", "var", "aux", "tid")
+
+    def __init__(self, mean, var, aux, tid):
+        self.mean, self.var, self.aux, self.tid = mean, var, aux, tid
+
+    def discrepancy(self) -> Discrepancy:
+        # the RBN terms of measure_discrepancy (graph through μ_B, σ²_B), the TID
+        # figures as the kernel computed them with the same formulas
+        return Discrepancy(
+            rbn_mean=(self.aux[1] - self.mean).pow(2).sum(),
+            rbn_var=(self.aux[2] - self.var).abs().sum(),
+            tid_mean=self.tid[0],
+            tid_var=self.tid[1],
+        )
 
 
 @register_norm("batch")
@@ -263,7 +331,7 @@ class MaskedBatchNorm(BatchStatNorm):
     @property
     def _last(self) -> Optional[Discrepancy]:
         saved = self.__dict__.get("_saved")
-        if isinstance(saved, _SavedStats):
+        if isinstance(saved, (_SavedStats, _KernelSavedStats)):
             saved = saved.discrepancy()
             self.__dict__["_saved"] = saved
         return saved
@@ -311,16 +379,30 @@ class MaskedBatchNorm(BatchStatNorm):
         weight = self.weight.to(cdtype) if self.weight is not None else None
         bias = self.bias.to(cdtype) if self.bias is not None else None
         idx, pidx, n = token_rows(pad_mask, T, B, x.device)
+        kernels = cpu_kernels.usable(xf)
+        pad = padding_rows(pad_mask, T, B, x.device) if kernels else None
 
         if not self.training:
             self._last = None
             if self.test_stats == "population":
-                out = _normalize(xf, self.running_mean.to(cdtype), self.running_var.to(cdtype),
-                                 weight, bias, self.eps)
-                if pidx is not None:
-                    out.index_fill_(0, pidx, 0.0)
+                mean, var = self.running_mean.to(cdtype), self.running_var.to(cdtype)
+                needs_graph = torch.is_grad_enabled() and (
+                    xf.requires_grad or (weight is not None and weight.requires_grad))
+                if kernels and not needs_graph:  # inference: one fused pass
+                    scale = torch.rsqrt(var + self.eps)
+                    scale = scale if weight is None else scale * weight
+                    shift = -mean * scale if bias is None else bias - mean * scale
+                    out = torch.empty_like(xf)
+                    cpu_kernels.call("affine_rows", cdtype, xf, pad, scale, shift, out, T * B, C)
+                else:
+                    out = _normalize(xf, mean, var, weight, bias, self.eps)
+                    if pidx is not None:
+                        out.index_fill_(0, pidx, 0.0)
             elif n == 0:
                 out = self._zeros_like(xf)
+            elif kernels:  # (running statistics untouched: the kernel updates copies)
+                stats = self.running_mean.to(cdtype, copy=True), self.running_var.to(cdtype, copy=True)
+                out = _MaskedBatchNormKernelFn.apply(xf, pad, n, weight, bias, self.eps, 0.0, *stats)[0]
             else:
                 out, _, _ = _MaskedBatchNormFn.apply(xf, idx, pidx, weight, bias, self.eps)
             return out.view(T, B, C).to(x.dtype)
@@ -330,6 +412,8 @@ class MaskedBatchNorm(BatchStatNorm):
         elif n == 0:
             self._last = None
             return self._zeros_like(xf).view(T, B, C).to(x.dtype)
+        elif kernels:
+            return self._train_kernels(xf, pad, n, weight, bias).view(T, B, C).to(x.dtype)
         else:
             out, mean, var = _MaskedBatchNormFn.apply(xf, idx, pidx, weight, bias, self.eps)
             has_tokens = None
@@ -354,6 +438,20 @@ class MaskedBatchNorm(BatchStatNorm):
             self.running_var.detach().to(cdtype, copy=True),
         )
         return out.view(T, B, C).to(x.dtype)
+
+    def _train_kernels(self, xf, pad, n, weight, bias):
+        """Training forward on CPU: statistics, output and running-statistics update in one kernel."""
+        rm, rv = self.running_mean, self.running_var
+        run = (rm, rv) if rm.dtype == xf.dtype else (rm.to(xf.dtype), rv.to(xf.dtype))
+        out, mean, var, aux, tid = _MaskedBatchNormKernelFn.apply(
+            xf, pad, n, weight, bias, self.eps, self.momentum, *run)
+        if run[0] is not rm:
+            with torch.no_grad():
+                rm.copy_(run[0])
+                rv.copy_(run[1])
+        self.num_batches_tracked.add_(1)
+        self.__dict__["_saved"] = _KernelSavedStats(mean, var, aux, tid)
+        return out
 
     @staticmethod
     def _zeros_like(xf: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import cpu_kernels
 from .registry import NormConfigError, register_norm
 
 __all__ = ["LayerNorm", "LayerNormSimple", "DetachNorm", "AdaNorm", "RMSNorm", "ScaleNorm"]
@@ -271,6 +272,114 @@ class _ScaleFn(torch.autograd.Function):
         return gx.view(ctx.shape).to(ctx.dtype), dg, None
 
 
+# ------------------------------------------------- fused CPU kernels (cpu_kernels)
+
+_MODES = {"full": 0, "mean": 1, "std": 2, "both": 3, "ada": 4}
+
+
+def _grad_rows(g, like):
+    """The upstream gradient as a contiguous (N, C) tensor of ``like``'s dtype."""
+    g2 = g.reshape(like.shape)
+    return g2.to(like.dtype).contiguous()
+
+
+class _SimpleKernelFn(torch.autograd.Function):
+    """LayerNorm-simple, DetachNorm and AdaNorm through the fused CPU kernels.
+
+    Forward: per token μ, s, D = s + ε and ŷ = (x − μ)/D (AdaNorm: C·(1 − kŷ)·ŷ) in
+    one pass; saves the input and per token μ, 1/D, 1/((C − 1)s). Backward
+    (``simple_bwd`` in csrc/kernels.cpp): (g − mean g)/D − ŷ·Σ(gŷ)/((C − 1)s),
+    without the first mean when μ is detached, without the second term when s
+    is; AdaNorm applies it to g·C·(1 − kŷ).
+    """
+
+    @staticmethod
+    def forward(ctx, x, dim, eps, mode, k, scale):
+        x2 = _rows(x, dim)
+        n = x2.shape[0]
+        y = torch.empty_like(x2)
+        stats = x2.new_empty(3, n)  # μ, 1/D, 1/((C − 1)s)
+        cpu_kernels.call("simple_fwd", x2.dtype, x2, y, stats[0], stats[1], stats[2], n, dim, eps,
+                         int(mode == "ada"), k, scale)
+        ctx.save_for_backward(x2, stats)
+        ctx.shape, ctx.dtype, ctx.mode, ctx.k, ctx.scale = x.shape, x.dtype, _MODES[mode], k, scale
+        return y.view(x.shape).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, gz):
+        x2, stats = ctx.saved_tensors
+        n, n_ch = x2.shape
+        g2 = _grad_rows(gz, x2)
+        gx = torch.empty_like(x2)
+        cpu_kernels.call("simple_bwd", x2.dtype, g2, x2, stats[0], stats[1], stats[2], gx, n, n_ch,
+                         ctx.mode, ctx.k, ctx.scale)
+        return gx.view(ctx.shape).to(ctx.dtype), None, None, None, None, None
+
+
+class _RMSKernelFn(torch.autograd.Function):
+    """RMSNorm through the fused CPU kernels: y = w ⊙ x·r, r = 1/sqrt(mean x² + ε);
+    ∂/∂x = r·(w⊙g) − x·r³·Σ(w⊙g⊙x)/C, ∂/∂w = Σ_tokens g⊙x·r."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        n_ch = weight.shape[0]
+        x2 = _rows(x, n_ch)
+        n = x2.shape[0]
+        w = weight.detach().to(x2.dtype).contiguous()
+        y = torch.empty_like(x2)
+        r = x2.new_empty(n)
+        cpu_kernels.call("rms_fwd", x2.dtype, x2, w, y, r, n, n_ch, eps)
+        ctx.save_for_backward(x2, w, r)
+        ctx.shape, ctx.dtype, ctx.wdtype = x.shape, x.dtype, weight.dtype
+        return y.view(x.shape).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x2, w, r = ctx.saved_tensors
+        n, n_ch = x2.shape
+        g2 = _grad_rows(gy, x2)
+        gx = torch.empty_like(x2)
+        gw = torch.empty(n_ch, dtype=torch.float64) if ctx.needs_input_grad[1] else None
+        cpu_kernels.call("rms_bwd", x2.dtype, g2, x2, w, r, gx, gw, n, n_ch)
+        return (
+            gx.view(ctx.shape).to(ctx.dtype),
+            gw.to(ctx.wdtype) if gw is not None else None,
+            None,
+        )
+
+
+class _ScaleKernelFn(torch.autograd.Function):
+    """ScaleNorm through the fused CPU kernels: y = g·x/max(‖x‖, ε);
+    ∂/∂x = (g/‖x‖)·(gy − x·Σ(gy⊙x)/‖x‖²) (g·gy/ε below ε), ∂/∂g = Σ Σ(gy⊙x)/max(‖x‖, ε)."""
+
+    @staticmethod
+    def forward(ctx, x, g, eps):
+        n_ch = x.shape[-1]
+        x2 = _rows(x, n_ch)
+        n = x2.shape[0]
+        gval = float(g.detach())
+        y = torch.empty_like(x2)
+        coef = x2.new_empty(2, n)  # 1/max(‖x‖, ε) and its square (0 below ε)
+        cpu_kernels.call("scale_fwd", x2.dtype, x2, gval, y, coef[0], coef[1], n, n_ch, eps)
+        ctx.save_for_backward(x2, coef)
+        ctx.shape, ctx.dtype, ctx.g, ctx.gdtype = x.shape, x.dtype, gval, g.dtype
+        return y.view(x.shape).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x2, coef = ctx.saved_tensors
+        n, n_ch = x2.shape
+        g2 = _grad_rows(gy, x2)
+        gx = torch.empty_like(x2)
+        dg = torch.empty((), dtype=torch.float64)
+        cpu_kernels.call("scale_bwd", x2.dtype, g2, x2, ctx.g, coef[0], coef[1], gx, dg, n, n_ch)
+        return (
+            gx.view(ctx.shape).to(ctx.dtype),
+            dg.to(ctx.gdtype) if ctx.needs_input_grad[1] else None,
+            None,
+        )
+
+
 # ----------------------------------------------------------------------- modules
 
 
@@ -306,7 +415,8 @@ class LayerNormSimple(nn.Module):
     def forward(self, x, pad_mask=None):
         if x.numel() == 0:  # (some native kernels crash on zero rows)
             return x.clone()
-        return _SimpleFn.apply(x, self.dim, self.eps, "full", 0.0, 1.0)
+        fn = _SimpleKernelFn if cpu_kernels.usable(x) else _SimpleFn
+        return fn.apply(x, self.dim, self.eps, "full", 0.0, 1.0)
 
 
 @register_norm("detach")
@@ -330,7 +440,8 @@ class DetachNorm(nn.Module):
     def forward(self, x, pad_mask=None):
         if x.numel() == 0:  # (some native kernels crash on zero rows)
             return x.clone()
-        return _SimpleFn.apply(x, self.dim, self.eps, self.detach, 0.0, 1.0)
+        fn = _SimpleKernelFn if cpu_kernels.usable(x) else _SimpleFn
+        return fn.apply(x, self.dim, self.eps, self.detach, 0.0, 1.0)
 
 
 @register_norm("adanorm")
@@ -355,7 +466,8 @@ class AdaNorm(nn.Module):
     def forward(self, x, pad_mask=None):
         if x.numel() == 0:  # (some native kernels crash on zero rows)
             return x.clone()
-        return _SimpleFn.apply(x, self.dim, self.eps, "ada", self.k, self.scale)
+        fn = _SimpleKernelFn if cpu_kernels.usable(x) else _SimpleFn
+        return fn.apply(x, self.dim, self.eps, "ada", self.k, self.scale)
 
 
 @register_norm("rms")
@@ -374,7 +486,8 @@ class RMSNorm(nn.Module):
     def forward(self, x, pad_mask=None):
         if x.numel() == 0:
             return x * self.weight.to(x.dtype)
-        return _RMSFn.apply(x, self.weight, self.eps)
+        fn = _RMSKernelFn if cpu_kernels.usable(x) else _RMSFn
+        return fn.apply(x, self.weight, self.eps)
 
 
 @register_norm("scale")
@@ -393,4 +506,5 @@ class ScaleNorm(nn.Module):
     def forward(self, x, pad_mask=None):
         if x.numel() == 0:
             return x * self.g.to(x.dtype)
-        return _ScaleFn.apply(x, self.g, self.eps)
+        fn = _ScaleKernelFn if cpu_kernels.usable(x) else _ScaleFn
+        return fn.apply(x, self.g, self.eps)

@@ -36,7 +36,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
-from .base import BatchStatNorm, measure_discrepancy, token_rows
+from . import cpu_kernels
+from .base import BatchStatNorm, Discrepancy, measure_discrepancy, padding_rows, token_rows
 from .registry import NormConfigError, register_norm
 
 #: ε of the group scaling (step 1); fixed by the SPEC, independent of ``eps``.
@@ -158,6 +159,61 @@ class _PowerFunction(torch.autograd.Function):
         return dz, grad_w, grad_b, None, None
 
 
+class _PowerKernelFunction(torch.autograd.Function):
+    """Steps 1–5 of a training forward through the fused CPU kernels (no sync).
+
+    Same maths as :class:`_PowerFunction` (and :meth:`PowerNorm._update_running`),
+    one call each way (``pn_train_fwd`` / ``pn_bwd`` in csrc/kernels.cpp), on the
+    whole N×C input with its row mask ``pad`` (True at padding; None if every row
+    is real; n ≥ 1 real rows) instead of gathered real rows. Forward: one pass
+    for the group scales r and Σ z², the ψ² update, one pass for
+    y = z ⊙ (γ·inv_fwd) + β (0 at padding). Backward: one pass for Σ gy ⊙ z and
+    Σ gy, the ν update, one pass for ∂L/∂x = r ⊙ (∂L/∂z − z ⊙ mean_group(∂L/∂z ⊙ z))
+    with ∂L/∂z = gy ⊙ (γ·inv_bwd) − z ⊙ ((1 − α_b)·ν·inv_fwd·inv_bwd) (0 at padding).
+    """
+
+    @staticmethod
+    def forward(ctx, x, pad, n, weight, bias, norm):
+        rows, c = x.shape
+        dt, groups = x.dtype, norm.groups
+        warm = int(norm.num_updates) < norm.warmup_updates  # (CPU: reading it costs nothing)
+        k = int(norm.warmup_steps) + int(warm)
+        psi2 = norm.running_psi2
+        psi2 = psi2 if psi2.dtype == dt else psi2.to(dt)
+        rg = x.new_empty(rows, groups)
+        aux = x.new_empty(4, c)  # σ²_B, inv_fwd, inv_bwd, ψ² after the update
+        disc = x.new_empty(2)  # Σ|ψ² − σ²_B|, mean |ψ/σ_B − 1|
+        y = torch.empty_like(x)
+        cpu_kernels.call("pn_train_fwd", dt, x, pad, rows, c, groups, n, weight, bias, norm.eps, int(warm), k,
+                         norm.alpha_fwd, psi2, rg, aux, disc, y)
+        if psi2 is not norm.running_psi2:
+            norm.running_psi2.copy_(psi2)
+        if warm:
+            norm.warmup_steps.fill_(k)
+        norm._pending = lambda: Discrepancy(
+            rbn_mean=disc.new_zeros(()), rbn_var=disc[0], tid_mean=disc.new_zeros(()), tid_var=disc[1])
+        ctx.save_for_backward(x, pad, rg, weight, aux)
+        ctx.norm, ctx.n, ctx.has_bias = norm, n, bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gy):
+        x, pad, rg, weight, aux = ctx.saved_tensors
+        rows, c = x.shape
+        dt, norm = x.dtype, ctx.norm
+        gy = gy.to(dt).contiguous()
+        nu = norm.nu if norm.nu.dtype == dt else norm.nu.to(dt)
+        dx = torch.empty_like(x)
+        grad_w = x.new_empty(c) if weight is not None and ctx.needs_input_grad[3] else None
+        grad_b = x.new_empty(c) if ctx.has_bias and ctx.needs_input_grad[4] else None
+        cpu_kernels.call("pn_bwd", dt, gy, x, pad, rg, rows, c, norm.groups, ctx.n, weight, aux,
+                         norm.alpha_bkw, nu, dx, grad_w, grad_b)
+        if nu is not norm.nu:
+            norm.nu.copy_(nu)
+        return dx, None, None, grad_w, grad_b, None
+
+
 @register_norm("power")
 class PowerNorm(BatchStatNorm):
     """PowerNorm (Shen et al., ICML 2020) as released: SPEC §2 ``power``."""
@@ -224,6 +280,12 @@ class PowerNorm(BatchStatNorm):
         self.register_buffer("warmup_steps", torch.zeros((), dtype=torch.long))
         self._pending = None
 
+    def __getstate__(self):
+        # the pending discrepancy is a closure over the last forward's tensors
+        state = dict(super().__getstate__())
+        state["_pending"] = None
+        return state
+
     # --- fairseq hooks -------------------------------------------------------
 
     def set_num_updates(self, num_updates):
@@ -240,9 +302,8 @@ class PowerNorm(BatchStatNorm):
         # subtracts no mean, so both mean terms are 0 and there is no RBN
         # gradient (supports_rbn is False; rbn_var is detached).
         if self._last_value is None and self._pending is not None:
-            psi2, sigma2 = self._pending
-            self._pending = None
-            self._last_value = measure_discrepancy(None, sigma2, None, psi2)
+            pending, self._pending = self._pending, None
+            self._last_value = pending()
         return self._last_value
 
     @_last.setter
@@ -289,18 +350,24 @@ class PowerNorm(BatchStatNorm):
             )
         T, B, C = x.shape
         flat = x.reshape(T * B, C)
-        # Row t*B + b of `flat` is token (t, b); keep the real ones only.
-        idx, _, _ = token_rows(pad_mask, T, B, x.device)
-        xr = flat if idx is None else flat.index_select(0, idx)
-
+        # Row t*B + b of `flat` is token (t, b).
+        idx, _, n = token_rows(pad_mask, T, B, x.device)
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        xr = xr.to(cdt).contiguous()
-        n = xr.shape[0]
         weight = None if self.weight is None else self.weight.to(cdt)
         bias = None if self.bias is None else self.bias.to(cdt)
 
         self._last = None
         sync = self._distributed()
+        if n > 0 and not sync and cpu_kernels.usable(x):
+            needs_graph = torch.is_grad_enabled() and (
+                x.requires_grad or (weight is not None and weight.requires_grad))
+            if self.training or not needs_graph:
+                return self._forward_kernels(flat.to(cdt).contiguous(), padding_rows(pad_mask, T, B, x.device),
+                                             n, weight, bias).to(x.dtype).view(T, B, C)
+
+        # Otherwise (GPU, sync_stats, no real token, eval with a graph): on the real rows only.
+        xr = flat if idx is None else flat.index_select(0, idx)
+        xr = xr.to(cdt).contiguous()
         if self.training and (n > 0 or sync):
             y = _PowerFunction.apply(xr, weight, bias, self, sync)
         else:
@@ -314,6 +381,17 @@ class PowerNorm(BatchStatNorm):
         if idx is not None:
             y = y.new_zeros(T * B, C).index_copy(0, idx, y)
         return y.view(T, B, C)
+
+    def _forward_kernels(self, xf, pad, n, weight, bias):
+        """Training or graph-free eval forward through the fused CPU kernels (N×C rows)."""
+        if self.training:
+            return _PowerKernelFunction.apply(xf, pad, n, weight, bias, self)
+        rows, c = xf.shape
+        rg = xf.new_empty(rows, self.groups)
+        y = torch.empty_like(xf)
+        cpu_kernels.call("pn_eval_fwd", xf.dtype, xf, pad, rows, c, self.groups, weight, bias, self.eps,
+                         self.running_psi2.to(xf.dtype).contiguous(), rg, y)
+        return y
 
     @torch.no_grad()
     def _update_running(self, sigma2, has_tokens=None):
@@ -341,5 +419,5 @@ class PowerNorm(BatchStatNorm):
             k = torch.where(has_tokens, k, self.warmup_steps)
         self.running_psi2.copy_(new_psi2)
         self.warmup_steps.copy_(k)
-        self._pending = (new_psi2, sigma2)
+        self._pending = lambda: measure_discrepancy(None, sigma2, None, new_psi2)
         return inv_fwd, inv_bwd
