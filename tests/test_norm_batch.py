@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 from normplug.norms import NormConfigError, create_norm, norm_names
 from normplug.norms.batch import MaskedBatchNorm, _MaskedBatchNormFn
 
+# every test here runs with the CPU kernels and with the torch ops (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("norm_implementation")
+
 EPS = 1e-5
 HYP = settings(max_examples=25, deadline=None)
 

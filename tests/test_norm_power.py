@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from normplug.norms import BatchStatNorm, Discrepancy, NormConfigError, create_norm, norm_options
 from normplug.norms.power import PowerNorm
 
+# every test here runs with the CPU kernels and with the torch ops (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("norm_implementation")
+
 EPS = 1e-5
 GROUP_EPS = 1e-5
 F64 = torch.float64

@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from normplug.norms import NormConfigError, create_norm, norm_names, norm_options
 
+# every test here runs with the CPU kernels and with the torch ops (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("norm_implementation")
+
 PER_TOKEN = ("layer", "layer_simple", "detach", "adanorm", "rms", "scale")
 
 # (name, options) of every configuration checked against its reference

@@ -67,6 +67,7 @@ _SIGNATURES = {
     "pn_bwd": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _F64, _P, _P, _P, _P, _I32],
 }
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_FUNCS = {}  # (entry point, dtype) -> ctypes function
 
 
 def _compiler():
@@ -130,9 +131,10 @@ def _load():
             if lib.normplug_kernels_abi() != ABI:
                 raise RuntimeError("the built library does not match this normplug version")
             for name, argtypes in _SIGNATURES.items():
-                for suffix in _SUFFIX.values():
+                for dtype, suffix in _SUFFIX.items():
                     fn = getattr(lib, f"{name}_{suffix}")
                     fn.argtypes, fn.restype = argtypes, None
+                    _FUNCS[name, dtype] = fn
             _lib = lib
         except Exception as exc:  # noqa: BLE001 - any failure means: use the torch ops
             _error = f"{type(exc).__name__}: {exc}"
@@ -180,15 +182,13 @@ def usable(x: torch.Tensor) -> bool:
     return library() is not None
 
 
-def _arg(a):
-    if isinstance(a, torch.Tensor):
-        return a.data_ptr()
-    return a
-
-
 def call(name: str, dtype: torch.dtype, *args) -> None:
     """Run entry point ``name`` for ``dtype``; tensors are passed as pointers (must be
     contiguous CPU tensors of the right dtype; ``None`` is a null pointer). The
     thread count is appended (torch's intra-op thread count)."""
-    fn = getattr(_lib, f"{name}_{_SUFFIX[dtype]}")
-    fn(*[_arg(a) for a in args], torch.get_num_threads())
+    fn = _FUNCS.get((name, dtype))
+    if fn is None:
+        if library() is None:
+            raise RuntimeError(f"normplug CPU kernels unavailable: {_error or 'switched off'}")
+        fn = _FUNCS[name, dtype]
+    fn(*[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args], torch.get_num_threads())

@@ -190,7 +190,7 @@ class _PowerKernelFunction(torch.autograd.Function):
             norm.running_psi2.copy_(psi2)
         if warm:
             norm.warmup_steps.fill_(k)
-        norm._pending = lambda: Discrepancy(
+        norm.__dict__["_pending"] = lambda: Discrepancy(
             rbn_mean=disc.new_zeros(()), rbn_var=disc[0], tid_mean=disc.new_zeros(()), tid_var=disc[1])
         ctx.save_for_backward(x, pad, rg, weight, aux)
         ctx.norm, ctx.n, ctx.has_bias = norm, n, bias is not None
@@ -302,14 +302,16 @@ class PowerNorm(BatchStatNorm):
         # subtracts no mean, so both mean terms are 0 and there is no RBN
         # gradient (supports_rbn is False; rbn_var is detached).
         if self._last_value is None and self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._last_value = pending()
+            pending = self._pending
+            self.__dict__["_pending"] = None
+            self.__dict__["_last_value"] = pending()
         return self._last_value
 
     @_last.setter
     def _last(self, value):
-        self._pending = None
-        self._last_value = value
+        # (plain attributes, set past nn.Module.__setattr__: this runs every forward)
+        self.__dict__["_pending"] = None
+        self.__dict__["_last_value"] = value
 
     @torch.no_grad()
     def batch_statistics(self, x, pad_mask=None):
@@ -419,5 +421,5 @@ class PowerNorm(BatchStatNorm):
             k = torch.where(has_tokens, k, self.warmup_steps)
         self.running_psi2.copy_(new_psi2)
         self.warmup_steps.copy_(k)
-        self._pending = lambda: measure_discrepancy(None, sigma2, None, new_psi2)
+        self.__dict__["_pending"] = lambda: measure_discrepancy(None, sigma2, None, new_psi2)
         return inv_fwd, inv_bwd
