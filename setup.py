@@ -21,6 +21,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     packages=find_packages(include=["normplug", "normplug.*"]),
+    # the fused CPU kernels are compiled from this source on first use (a C++
+    # compiler with OpenMP is needed for them; without one the norms fall back
+    # to torch ops with a warning)
+    package_data={"normplug.norms": ["csrc/*.cpp"]},
     install_requires=[
         "torch>=2.0",
         "numpy",

@@ -11,14 +11,26 @@ gradient. Padded positions of the output, and of the gradient w.r.t. ``x``, are
 set to exactly 0 (they are computed with the normalisation affine map and then
 overwritten, never multiplied by a mask).
 
-Speed. Without padding the fused ATen kernels ``native_batch_norm`` and
-``native_batch_norm_backward`` do all the work. With padding the forward is:
-gather the real rows, one statistics kernel over them, one fused affine pass
-``shift + scale ⊙ x`` over the whole tensor, zero the padded rows; the backward
-gathers the real rows of the incoming gradient, takes the two per-channel sums
-with ``native_batch_norm_backward`` and writes the input gradient in two fused
-passes. The batch mean and variance are also differentiable outputs of the same
-autograd function, so the RBN penalty costs nothing unless it is used.
+Speed. On a CPU a training forward is one call of the fused kernel
+``bn_train_fwd`` (csrc/kernels.cpp): one pass over the real rows for the
+moments (shifted sums, accumulated in double), then the running-statistics
+update and the TID figures on the per-channel numbers, and one pass writing
+``scale ⊙ x + shift`` (zeros at padding); the backward is one pass for Σg and
+Σg(x − μ) over the real rows and one writing the input gradient. Padding rows
+are skipped, never gathered. Two passes each way are the least batch
+statistics allow (all of them are needed before the first output), one more
+than LayerNorm's row-local kernel: ≈1.1–1.25× ``nn.LayerNorm`` and ≈1.7× the
+elementwise floor at 37% padding (``benchmarks/norms.py``).
+
+Elsewhere (GPUs, or no kernels), without padding the fused ATen kernels
+``native_batch_norm`` and ``native_batch_norm_backward`` do all the work. With
+padding the forward is: gather the real rows, one statistics kernel over them,
+one fused affine pass ``shift + scale ⊙ x`` over the whole tensor, zero the
+padded rows; the backward gathers the real rows of the incoming gradient, takes
+the two per-channel sums with ``native_batch_norm_backward`` and writes the input
+gradient in two fused passes. The batch mean and variance are also
+differentiable outputs of the same autograd function, so the RBN penalty costs
+nothing unless it is used.
 """
 from typing import Optional
 

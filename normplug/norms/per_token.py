@@ -3,10 +3,14 @@
 Every norm here takes ``x`` of shape ``(..., C)`` (T×B×C in the model), normalises
 each token over its last dimension and ignores ``pad_mask``.
 
-Speed. Composing these out of elementwise torch ops costs 2–3× the fused
-``nn.LayerNorm`` kernel on CPU. Instead each norm is an ``autograd.Function``
-whose passes are torch's own fused native kernels, fed per-token coefficients
-that make them compute exactly (to float rounding) the equation of the SPEC:
+Speed. On a CPU (float32/float64; half precision is computed in float32) the
+norms other than ``layer`` run the fused kernels of ``csrc/kernels.cpp``
+(:mod:`normplug.norms.cpu_kernels`): per token, one pass for the statistics and
+the output forward, one for the row sums and the gradient backward, like torch's
+own LayerNorm kernel. Elsewhere (GPUs, or where the kernels cannot be built) each
+norm is an ``autograd.Function`` whose passes are torch's fused native kernels,
+fed per-token coefficients that make them compute exactly (to float rounding)
+the equation of the SPEC:
 
 * ``native_layer_norm`` (run with a negligible ε′) yields per-token mean and
   biased variance together with (x − μ)·rstd′; one in-place per-token multiply
@@ -21,14 +25,10 @@ that make them compute exactly (to float rounding) the equation of the SPEC:
 * ``_weight_norm_interface`` (g·v/‖v‖ per row) and its backward are ScaleNorm
   for every token with ‖x‖ ≥ ε; the rare tokens below ε are patched.
 
-Forward+backward against ``nn.LayerNorm`` (affine) on CPU, T×B×C = 32×128×512,
-float32, one thread (``benchmarks/norms.py --threads 1 --clock thread``): layer
-1.0×, detach 1.0×, scale 1.0×, layer_simple ≈1.2×, rms ≈1.65×, adanorm ≈1.9×.
-The last three need passes no fused torch kernel provides: layer_simple one
-per-token rescale of the LayerNorm output (no native kernel divides by s + ε);
-rms a product by a per-token and a per-channel factor plus, in the backward, one
-per-token correction with its row sums; adanorm the quadratic y − k·y² forward
-and the factor (1 − k·y) on the gradient.
+Forward+backward against ``nn.LayerNorm`` (affine), T×B×C = 32×128×512, float32,
+one thread (``benchmarks/norms.py --threads 1 --clock thread``): with the CPU
+kernels every norm here is at 0.8–1.0×; the torch-op versions on a CPU cost
+layer_simple ≈1.2×, rms ≈1.65×, adanorm ≈1.9× (detach and scale ≈1.0×).
 
 Half precision (fp16/bf16) is computed in float32 and returned in the input
 dtype. The custom backwards are first-order only (no double backward).
