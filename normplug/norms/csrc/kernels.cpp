@@ -111,32 +111,6 @@ inline T row_centered_sq(const T* __restrict__ x, T mu, i64 C) {
   return s;
 }
 
-// Per-channel sums of one thread's rows: rows are added in the compute type
-// and the block is added into the double accumulators every kBlock rows (float
-// work in the inner loop, double accuracy across blocks).
-constexpr int kBlock = 32;
-
-template <typename T>
-struct BlockSums {
-  std::vector<T> blk;
-  double* out;
-  int rows = 0;
-  BlockSums(double* out_, i64 len) : blk(len, T(0)), out(out_) {}
-  T* data() { return blk.data(); }
-  void row_done() {
-    if (++rows == kBlock) flush();
-  }
-  void flush() {
-    const i64 len = i64(blk.size());
-    for (i64 j = 0; j < len; ++j) {
-      out[j] += double(blk[j]);
-      blk[j] = T(0);
-    }
-    rows = 0;
-  }
-  ~BlockSums() { flush(); }
-};
-
 // ---------------------------------------------------------------- per token
 
 // LayerNorm-simple family. ŷ = (x − μ)/D, D = s + ε, s the unbiased std.
@@ -228,7 +202,6 @@ void rms_fwd(const T* x, const T* w, T* y, T* rs, i64 N, i64 C, double eps, int 
 template <typename T>
 void rms_bwd(const T* g, const T* x, const T* w, const T* rs, T* gx, double* gw, i64 N, i64 C, int nt) {
   auto rows = [&](i64 r0, i64 r1, double* acc) {
-    BlockSums<T> sums(acc, acc ? C : 0);
     for (i64 r = r0; r < r1; ++r) {
       const T* __restrict__ xr = x + r * C;
       const T* __restrict__ gr = g + r * C;
@@ -241,10 +214,8 @@ void rms_bwd(const T* g, const T* x, const T* w, const T* rs, T* gx, double* gw,
 #pragma omp simd
       for (i64 j = 0; j < C; ++j) out[j] = rr * w[j] * gr[j] - xr[j] * c;
       if (acc) {
-        T* __restrict__ sw = sums.data();
 #pragma omp simd
-        for (i64 j = 0; j < C; ++j) sw[j] += gr[j] * xr[j] * rr;
-        sums.row_done();
+        for (i64 j = 0; j < C; ++j) acc[j] += double(gr[j] * xr[j] * rr);
       }
     }
   };
@@ -312,6 +283,32 @@ void scale_bwd(const T* gy, const T* x, double g, const T* inv, const T* c2, T* 
 }
 
 // --------------------------------------------------------- per channel (BN)
+
+// Per-channel sums of one thread's rows: rows are added in the compute type
+// and the block is added into the double accumulators every kBlock rows (float
+// work in the inner loop, double accuracy across blocks).
+constexpr int kBlock = 32;
+
+template <typename T>
+struct BlockSums {
+  std::vector<T> blk;
+  double* out;
+  int rows = 0;
+  BlockSums(double* out_, i64 len) : blk(len, T(0)), out(out_) {}
+  T* data() { return blk.data(); }
+  void row_done() {
+    if (++rows == kBlock) flush();
+  }
+  void flush() {
+    const i64 len = i64(blk.size());
+    for (i64 j = 0; j < len; ++j) {
+      out[j] += double(blk[j]);
+      blk[j] = T(0);
+    }
+    rows = 0;
+  }
+  ~BlockSums() { flush(); }
+};
 
 // Per-channel mean and biased variance over the real rows (at least one),
 // from sums shifted by the first real row (stable without a second pass).
