@@ -116,6 +116,44 @@ def test_kernels_match_torch_ops(name, opts, shape, threads):
             torch.testing.assert_close(getattr(a, buf), getattr(b, buf), **tol)
 
 
+@pytest.mark.parametrize("real_rows", ["one token", "first sentence only", "last rows only"])
+@pytest.mark.parametrize("name,opts", [c for c in CASES if c[0] in ("batch", "power")],
+                         ids=[i for c, i in zip(CASES, IDS) if c[0] in ("batch", "power")])
+def test_threads_split_uneven_padding(name, opts, real_rows):
+    """Two threads share the rows by work, not by count: with the real rows all in
+    one corner of the batch a thread gets none, and the results still match."""
+    T, B, C = 40, 32, 64  # above the kernels' threading threshold
+    pad = torch.ones(B, T, dtype=torch.bool)
+    if real_rows == "one token":
+        pad[5, 17] = False
+    elif real_rows == "first sentence only":
+        pad[0] = False
+    else:
+        pad[:, T - 2:] = False  # padding at the start: every real row in the last 2·B
+    batches = []
+    for seed in range(2):
+        x, gy, _ = batch(T, B, C, seed)
+        x = torch.where(pad.t().unsqueeze(-1), torch.full_like(x, float("nan")), x.nan_to_num())
+        batches.append((x, gy, pad))
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a = create_norm(name, C, **opts).double().train()
+        b = copy.deepcopy(a)
+        got = run_steps(a, batches, kernels=True)
+        want = run_steps(b, batches, kernels=False)
+    finally:
+        torch.set_num_threads(old_threads)
+    for (y1, g1, _, real), (y2, g2, _, _) in zip(got, want):
+        torch.testing.assert_close(y1[real], y2[real], rtol=1e-9, atol=1e-10)
+        assert torch.equal(y1[~real], torch.zeros_like(y1[~real]))
+        for u, v in zip(g1, g2):
+            torch.testing.assert_close(u, v, rtol=1e-9, atol=1e-10)
+    for buf in BUFFERS:
+        if hasattr(a, buf):
+            torch.testing.assert_close(getattr(a, buf), getattr(b, buf), rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize("name,opts", [c for c in CASES if c[0] in ("batch", "power")],
                          ids=[i for c, i in zip(CASES, IDS) if c[0] in ("batch", "power")])
 def test_eval_paths_match(name, opts):

@@ -32,9 +32,31 @@ constexpr i64 kParallelMin = 1 << 15;
 
 inline int threads_for(i64 N, i64 C, int nt) { return (nt > 1 && N * C >= kParallelMin) ? nt : 1; }
 
-// f(r0, r1) over a static split of the rows [0, N).
+// How a pass over padded rows weighs a padding row against a real one (a real
+// row counts 2): a reduction skips it (0); an output pass writes its zeros (1,
+// about half the memory traffic of reading and writing a real row).
+enum PadCost : int { kSkipPad = 0, kWritePad = 1 };
+
+// Start of thread t's rows when kk threads share [0, N): equal counts without
+// a pad mask, equal work with one. Padding is at the end of sentences, so in
+// the T×B row order it crowds the last rows: an even split by count gave the
+// first thread most of the real rows (2 threads ran at 1.26× LayerNorm's time
+// instead of 1.15× for one). Depends on the mask and thread count only.
+inline i64 row_start(const u8* pad, int pad_cost, i64 N, int t, int kk) {
+  if (t <= 0) return 0;
+  if (t >= kk) return N;
+  if (!pad) return N * t / kk;
+  i64 total = 0;
+  for (i64 r = 0; r < N; ++r) total += pad[r] ? pad_cost : 2;
+  const i64 goal = total * t / kk;  // first row whose preceding work reaches the goal
+  i64 acc = 0, r = 0;
+  while (r < N && acc < goal) acc += pad[r++] ? pad_cost : 2;
+  return r;
+}
+
+// f(r0, r1) over a static split of the rows [0, N) (balanced as row_start says).
 template <typename F>
-void for_rows(i64 N, i64 C, int nt, F f) {
+void for_rows(i64 N, i64 C, int nt, F f, const u8* pad = nullptr, int pad_cost = kWritePad) {
   int k = threads_for(N, C, nt);
   if (k == 1) {
     f(i64(0), N);
@@ -43,15 +65,16 @@ void for_rows(i64 N, i64 C, int nt, F f) {
 #pragma omp parallel num_threads(k)
   {
     int t = omp_get_thread_num(), kk = omp_get_num_threads();
-    f(N * t / kk, N * (t + 1) / kk);
+    f(row_start(pad, pad_cost, N, t, kk), row_start(pad, pad_cost, N, t + 1, kk));
   }
 }
 
 // Per-channel sums: f(r0, r1, acc) adds its rows into acc (nacc·C doubles,
 // zeroed). Threads fill private buffers that are then added in thread order,
-// so a result depends on the thread count only, not on scheduling.
+// so a result depends on the thread count (and pad mask) only, not on scheduling.
 template <typename F>
-void reduce_rows(i64 N, i64 C, int nt, int nacc, double* out, F f) {
+void reduce_rows(i64 N, i64 C, int nt, int nacc, double* out, F f, const u8* pad = nullptr,
+                 int pad_cost = kSkipPad) {
   const i64 len = i64(nacc) * C;
   std::memset(out, 0, sizeof(double) * len);
   int k = threads_for(N, C, nt);
@@ -65,7 +88,8 @@ void reduce_rows(i64 N, i64 C, int nt, int nacc, double* out, F f) {
   {
     int t = omp_get_thread_num(), kk = omp_get_num_threads();
     if (t == 0) used = kk;
-    f(N * t / kk, N * (t + 1) / kk, part.data() + size_t(t) * len);
+    f(row_start(pad, pad_cost, N, t, kk), row_start(pad, pad_cost, N, t + 1, kk),
+      part.data() + size_t(t) * len);
   }
   for (int t = 0; t < used; ++t) {
     const double* p = part.data() + size_t(t) * len;
@@ -334,7 +358,7 @@ void col_moments(const T* x, const u8* pad, i64 N, i64 C, T* mean, T* var, int n
       }
       sums.row_done();
     }
-  });
+  }, pad);
   for (i64 j = 0; j < C; ++j) {
     double m = acc[j] / double(n);
     double v = acc[C + j] / double(n) - m * m;
@@ -362,7 +386,7 @@ void affine_rows(const T* x, const u8* pad, const T* a, const T* b, T* y, i64 N,
         for (i64 j = 0; j < C; ++j) yr[j] = a[j] * xr[j];
       }
     }
-  });
+  }, pad);
 }
 
 // Σ_real g and Σ_real g ⊙ (x − μ), per channel (BN backward reductions).
@@ -385,7 +409,7 @@ void col_grad_sums(const T* g, const T* x, const u8* pad, const T* mean, i64 N, 
       }
       sums.row_done();
     }
-  });
+  }, pad);
   std::memcpy(sg, acc.data(), sizeof(double) * C);
   std::memcpy(sgx, acc.data() + C, sizeof(double) * C);
 }
@@ -411,7 +435,7 @@ void grad_rows(const T* g, const T* x, const u8* pad, const T* k1, const T* k2, 
         for (i64 j = 0; j < C; ++j) out[j] = k2[j] * xr[j] + k3[j];
       }
     }
-  });
+  }, pad);
 }
 
 // ------------------------------------------------------------------ PowerNorm
@@ -460,9 +484,9 @@ void group_scale_rows(const T* x, const u8* pad, T* rg, double* sz2, const T* a,
     }
   };
   if (sz2) {
-    reduce_rows(N, C, nt, 1, sz2, rows);
+    reduce_rows(N, C, nt, 1, sz2, rows, pad, y ? kWritePad : kSkipPad);
   } else {
-    for_rows(N, C, nt, [&](i64 r0, i64 r1) { rows(r0, r1, nullptr); });
+    for_rows(N, C, nt, [&](i64 r0, i64 r1) { rows(r0, r1, nullptr); }, pad);
   }
 }
 
@@ -507,7 +531,7 @@ void group_grad_rows(const T* gy, const T* x, const u8* pad, const T* rg, const 
       }
       sums.row_done();
     }
-  });
+  }, pad, kWritePad);
   std::memcpy(sgz, acc.data(), sizeof(double) * C);
   std::memcpy(sg, acc.data() + C, sizeof(double) * C);
 }
