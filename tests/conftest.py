@@ -6,8 +6,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Under CI (CI set, as CI services do) hypothesis draws the same examples on every
+# run, so a red CI means a change broke something; a run elsewhere draws new ones,
+# and a counterexample it finds goes into the test as an @example.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 USER_DIR = str(REPO / "normplug")
 BIN = Path(sys.executable).parent
 

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from normplug.norms import NormConfigError, create_norm, norm_names
@@ -319,6 +319,9 @@ def test_rbn_gradient_only_through_batch_stats():
 @HYP
 @given(batches(), st.sampled_from([1e30, -3e38, float("inf"), float("-inf"), float("nan")]),
        st.integers(1, 3))
+# one real token (σ² = 0, 1/σ = 316) found by hypothesis: the gradient's cancelling terms
+@example(batch=(torch.tensor([[[-0.04867807403206825]]], dtype=torch.float64),
+                torch.tensor([[False]])), garbage=1e30, extra=1)
 def test_padding_garbage_and_extra_padding(batch, garbage, extra):
     """Filling padded positions with garbage, or appending padded time steps and
     fully padded sequences, leaves outputs, gradients and running statistics at
@@ -352,10 +355,15 @@ def test_padding_garbage_and_extra_padding(batch, garbage, extra):
     keep = real_of(pad).unsqueeze(-1).expand_as(x)
     # float32 rounding of the fused affine map y = x·(γ/σ) + (β − μγ/σ) grows with |x|/σ
     # (as in torch's own BatchNorm kernels); different kernels may round differently.
+    # The padded path's input gradient is k1·g + k2·x + k3 with k3 ∋ −k1·Σg/n: terms of
+    # size |γ|/σ·|g| cancel (one real token, σ² = 0: 316·|g| each, ulps of 3e-5), where
+    # torch's unpadded kernel subtracts the mean of g first.
     mu, var = ref_stats(x, pad)
-    ratio = float((x.double()[keep].view(-1, C).abs() / (var + EPS).sqrt()).max()) + 1.0
+    invstd = (var + EPS).rsqrt()
+    ratio = float((x.double()[keep].view(-1, C).abs() * invstd).max()) + 1.0
+    cancel = float((invstd * make_norm(C).weight.detach().abs()).max()) * float(up.abs().max())
     tol_y = 1e-6 * ratio * 3
-    tol_g = 1e-6 * ratio * (float(g0.abs().max()) + 1.0) * 3
+    tol_g = 1e-6 * (ratio * (float(g0.abs().max()) + 1.0) + cancel) * 3
     for y, gr, m, v in ((y1, g1, m1, v1), (y2[:T, :B], g2[:T, :B], m2, v2)):
         torch.testing.assert_close(y[keep], y0[keep], rtol=1e-5, atol=tol_y)
         torch.testing.assert_close(gr[keep], g0[keep], rtol=1e-4, atol=tol_g)
