@@ -37,24 +37,31 @@ inline int threads_for(i64 N, i64 C, int nt) { return (nt > 1 && N * C >= kParal
 // about half the memory traffic of reading and writing a real row).
 enum PadCost : int { kSkipPad = 0, kWritePad = 1 };
 
-// Start of thread t's rows when kk threads share [0, N): equal counts without
-// a pad mask, equal work with one. Padding is at the end of sentences, so in
-// the T×B row order it crowds the last rows: an even split by count gave the
-// first thread most of the real rows (2 threads ran at 1.26× LayerNorm's time
-// instead of 1.15× for one). Depends on the mask and thread count only.
-inline i64 row_start(const u8* pad, int pad_cost, i64 N, int t, int kk) {
-  if (t <= 0) return 0;
-  if (t >= kk) return N;
-  if (!pad) return N * t / kk;
+// Where each of kk threads starts in the rows [0, N) (kk + 1 entries, the last
+// N): equal counts without a pad mask, equal work with one. Padding is at the
+// end of sentences, so in the T×B row order it crowds the last rows: an even
+// split by count gave the first thread most of the real rows (2 threads ran
+// at 1.26× LayerNorm's time instead of 1.15× for one). Depends on the mask and
+// thread count only. One scan for the total, one for the boundaries.
+inline std::vector<i64> row_starts(const u8* pad, int pad_cost, i64 N, int kk) {
+  std::vector<i64> start(size_t(kk) + 1, N);
+  start[0] = 0;
+  if (!pad) {
+    for (int t = 1; t < kk; ++t) start[t] = N * t / kk;
+    return start;
+  }
   i64 total = 0;
   for (i64 r = 0; r < N; ++r) total += pad[r] ? pad_cost : 2;
-  const i64 goal = total * t / kk;  // first row whose preceding work reaches the goal
   i64 acc = 0, r = 0;
-  while (r < N && acc < goal) acc += pad[r++] ? pad_cost : 2;
-  return r;
+  for (int t = 1; t < kk; ++t) {
+    const i64 goal = total * t / kk;  // thread t starts where the work before it reaches this
+    while (r < N && acc < goal) acc += pad[r++] ? pad_cost : 2;
+    start[t] = r;
+  }
+  return start;
 }
 
-// f(r0, r1) over a static split of the rows [0, N) (balanced as row_start says).
+// f(r0, r1) over a static split of the rows [0, N) (balanced as row_starts says).
 template <typename F>
 void for_rows(i64 N, i64 C, int nt, F f, const u8* pad = nullptr, int pad_cost = kWritePad) {
   int k = threads_for(N, C, nt);
@@ -62,10 +69,13 @@ void for_rows(i64 N, i64 C, int nt, F f, const u8* pad = nullptr, int pad_cost =
     f(i64(0), N);
     return;
   }
+  std::vector<i64> start;
 #pragma omp parallel num_threads(k)
   {
-    int t = omp_get_thread_num(), kk = omp_get_num_threads();
-    f(row_start(pad, pad_cost, N, t, kk), row_start(pad, pad_cost, N, t + 1, kk));
+#pragma omp single
+    start = row_starts(pad, pad_cost, N, omp_get_num_threads());
+    const int t = omp_get_thread_num();
+    f(start[t], start[t + 1]);
   }
 }
 
@@ -83,14 +93,15 @@ void reduce_rows(i64 N, i64 C, int nt, int nacc, double* out, F f, const u8* pad
     return;
   }
   std::vector<double> part(size_t(k) * len, 0.0);
-  int used = 1;
+  std::vector<i64> start;
 #pragma omp parallel num_threads(k)
   {
-    int t = omp_get_thread_num(), kk = omp_get_num_threads();
-    if (t == 0) used = kk;
-    f(row_start(pad, pad_cost, N, t, kk), row_start(pad, pad_cost, N, t + 1, kk),
-      part.data() + size_t(t) * len);
+#pragma omp single
+    start = row_starts(pad, pad_cost, N, omp_get_num_threads());
+    const int t = omp_get_thread_num();
+    f(start[t], start[t + 1], part.data() + size_t(t) * len);
   }
+  const int used = int(start.size()) - 1;
   for (int t = 0; t < used; ++t) {
     const double* p = part.data() + size_t(t) * len;
     for (i64 j = 0; j < len; ++j) out[j] += p[j];
