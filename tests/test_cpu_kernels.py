@@ -116,12 +116,42 @@ def test_kernels_match_torch_ops(name, opts, shape, threads):
             torch.testing.assert_close(getattr(a, buf), getattr(b, buf), **tol)
 
 
+def spec_first_step(name, norm, x, gy, pad):
+    """Output and input gradient at the real tokens of a fresh norm's first training
+    step, from the SPEC §2 equations in float64 (loss Σ y ⊙ gy over real tokens)."""
+    real = ~pad.t()
+    xr = x[real].clone().requires_grad_(True)  # n×C real tokens
+    g = gy[real]
+    n, C = xr.shape
+    w = norm.weight.detach() if norm.weight is not None else torch.ones(C, dtype=x.dtype)
+    b = norm.bias.detach() if norm.bias is not None else torch.zeros(C, dtype=x.dtype)
+    if name == "batch":  # μ_B, σ²_B (biased) over the real tokens, gradient through both
+        mu = xr.mean(0)
+        var = (xr - mu).pow(2).mean(0)
+        y = w * (xr - mu) / torch.sqrt(var + norm.eps) + b
+        y.backward(g)
+        return y.detach(), xr.grad
+    # power: group scaling (1e-5), σ²_B = mean z², warm-up divides by σ²_B and
+    # afterwards by ψ² = 1 (its initial value); backward with ν = 0:
+    # ∂L/∂z = γ ⊙ gy / sqrt(σ²_B + ε), then through the group scaling.
+    G = norm.groups
+    zg = xr.view(n, G, C // G)
+    z = (zg / torch.sqrt(zg.pow(2).mean(-1, keepdim=True) + 1e-5)).view(n, C)
+    var_b = z.detach().pow(2).mean(0)
+    warm = norm.warmup_updates > 0  # first step: 0 updates done
+    denom = var_b if warm else torch.ones_like(var_b)
+    y = w * z.detach() / torch.sqrt(denom + norm.eps) + b
+    z.backward(w * g / torch.sqrt(var_b + norm.eps))
+    return y, xr.grad
+
+
 @pytest.mark.parametrize("real_rows", ["one token", "first sentence only", "last rows only"])
 @pytest.mark.parametrize("name,opts", [c for c in CASES if c[0] in ("batch", "power")],
                          ids=[i for c, i in zip(CASES, IDS) if c[0] in ("batch", "power")])
 def test_threads_split_uneven_padding(name, opts, real_rows):
     """Two threads share the rows by work, not by count: with the real rows all in
-    one corner of the batch a thread gets none, and the results still match."""
+    one corner of the batch a thread gets none, and the results still match the
+    SPEC equations (first step) and the torch ops (every step)."""
     T, B, C = 40, 32, 64  # above the kernels' threading threshold
     pad = torch.ones(B, T, dtype=torch.bool)
     if real_rows == "one token":
@@ -139,11 +169,20 @@ def test_threads_split_uneven_padding(name, opts, real_rows):
     torch.set_num_threads(2)
     try:
         a = create_norm(name, C, **opts).double().train()
+        with torch.no_grad():
+            for p in a.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
         b = copy.deepcopy(a)
+        b_initial = copy.deepcopy(a)
         got = run_steps(a, batches, kernels=True)
         want = run_steps(b, batches, kernels=False)
     finally:
         torch.set_num_threads(old_threads)
+    y_ref, gx_ref = spec_first_step(name, b_initial, *batches[0])
+    y1, g1, _, real = got[0]
+    torch.testing.assert_close(y1[real], y_ref, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(g1[0][real], gx_ref, rtol=1e-9, atol=1e-10)
+    assert torch.equal(g1[0][~real], torch.zeros_like(g1[0][~real]))
     for (y1, g1, _, real), (y2, g2, _, _) in zip(got, want):
         torch.testing.assert_close(y1[real], y2[real], rtol=1e-9, atol=1e-10)
         assert torch.equal(y1[~real], torch.zeros_like(y1[~real]))
