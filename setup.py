@@ -37,9 +37,9 @@ setup(
     extras_require={"fairseq": [FAIRSEQ], "test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": [
-            "normplug-path = normplug.cli.path:main",
-            "normplug-tid = normplug.cli.tid:main",
-            "normplug-average = normplug.cli.average:main",
+            "normplug-path = normplug.tools.path:main",
+            "normplug-tid = normplug.tools.tid:main",
+            "normplug-average = normplug.tools.average:main",
         ]
     },
 )

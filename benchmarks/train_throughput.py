@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
 SMALL = [
     "--encoder-layers", "2", "--decoder-layers", "2",
@@ -36,7 +36,7 @@ SMALL = [
 
 
 def corpus(workdir: Path, pairs: int) -> Path:
-    from normplug.data.synthetic import binarize, generate
+    from synthetic import binarize, generate
 
     raw, dest = workdir / "raw", workdir / "bin"
     generate(raw, seed=7, n_train=pairs, n_valid=50, n_test=50)

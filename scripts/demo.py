@@ -1,6 +1,6 @@
 """The demo behind ``make demo`` / ``scripts/demo.sh``: the whole pipeline on a toy task, CPU.
 
-1. corpus   seeded synthetic translation corpus (normplug.data.synthetic, seed 1),
+1. corpus   seeded synthetic translation corpus (scripts/synthetic.py, seed 1),
             binarized with fairseq-preprocess (skipped when already built)
 2. train    LN, BN and RBN Post-Norm Transformers (configs/demo/{ln,bn,rbn}.yaml),
             a checkpoint per epoch; the three runs share the cores (one thread each)
@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-from normplug import recipes  # noqa: E402
+import recipes  # noqa: E402
 
 KINDS = ("ln", "bn", "rbn")
 TID_KINDS = ("bn", "rbn")
@@ -57,7 +57,7 @@ def build_corpus(out: Path, train_pairs: int, force: bool):
         say(f"[corpus] {binary} already built (seed {SEED}, {train_pairs} training pairs): skipped")
         return binary
     say(f"[corpus] generating {train_pairs} training pairs (seed {SEED}) and binarizing ...")
-    cmd = [sys.executable, "-m", "normplug.data.synthetic", "--out", str(raw), "--seed", str(SEED),
+    cmd = [sys.executable, str(REPO / "scripts" / "synthetic.py"), "--out", str(raw), "--seed", str(SEED),
            "--train", str(train_pairs), "--valid", "500", "--test", "500",
            "--binarize", str(binary)]
     proc = subprocess.run(cmd, env=child_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -156,7 +156,7 @@ def run_tid(out: Path, data: Path, kind: str):
     recipe = recipes.load_config(REPO / "configs" / "demo" / f"{kind}.yaml")
     max_tokens = str(recipe.train["max-tokens"])
     csv_path, png_path = out / f"tid-{kind}.csv", out / f"tid-{kind}.png"
-    cmd = [sys.executable, "-m", "normplug.cli.tid", *map(str, ckpts), "--data", str(data),
+    cmd = [sys.executable, "-m", "normplug.tools.tid", *map(str, ckpts), "--data", str(data),
            "--split", "valid", "--max-tokens", max_tokens, "--csv", str(csv_path),
            "--plot", str(png_path), "--cpu"]
     proc = subprocess.run(cmd, env=child_env(1), stdout=subprocess.PIPE,
@@ -245,7 +245,7 @@ def write_table(out: Path, scores, tid_points):
                      f"{f(r['tid_var'], 4)} |")
     sig = next(iter(scores.values()))["sacrebleu_signature"] if scores else ""
     md = ["# normplug demo results", "",
-          "Synthetic corpus (normplug.data.synthetic, seed 1); small Post-Norm Transformers "
+          "Synthetic corpus (scripts/synthetic.py, seed 1); small Post-Norm Transformers "
           "trained on CPU (configs/demo/). BLEU = sacreBLEU on the test set (500 pairs); "
           "TID = training–inference discrepancy of the final checkpoint on the valid split, "
           "averaged over the BN layers (normplug-tid). LN has no BN layer: no TID.", "",

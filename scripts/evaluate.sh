@@ -14,4 +14,4 @@ PY=${PYTHON:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v python3)
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
 [ $# -ge 1 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-exec "$PY" -m normplug.recipes evaluate "$@"
+exec "$PY" "$REPO/scripts/recipes.py" evaluate "$@"

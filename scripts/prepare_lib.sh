@@ -41,7 +41,7 @@
 #   step NAME, after FUNC has written its output but before the step is committed.
 
 PL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PL_HELPER=$PL_REPO/normplug/data/prepare.py
+PL_HELPER=$PL_REPO/scripts/prepare_text.py
 
 pl_log() { echo "[$PL_NAME] $*" >&2; }
 

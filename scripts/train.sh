@@ -4,11 +4,11 @@
 # the config sets (or add new ones), e.g. --save-dir DIR, --max-epoch 1, --max-update 100.
 # Adds --user-dir (the plugin) and, without a GPU, --cpu. Default save dir:
 # checkpoints/<name> at the repository root; the log also goes to <save dir>/train.log.
-# Print the command without running it: python -m normplug.recipes argv CONFIG [-- extra]
+# Print the command without running it: python scripts/recipes.py argv CONFIG [-- extra]
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v python3)
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
 [ $# -ge 1 ] || { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-exec "$PY" -m normplug.recipes train "$@"
+exec "$PY" "$REPO/scripts/recipes.py" train "$@"

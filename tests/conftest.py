@@ -9,6 +9,8 @@ import pytest
 from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
+# recipes, data preparation and the synthetic corpus live in scripts/, outside the package
+sys.path.insert(0, str(REPO / "scripts"))
 
 # Under CI (CI set, as CI services do) hypothesis draws the same examples on every
 # run, so a red CI means a change broke something; a run elsewhere draws new ones,

@@ -12,7 +12,7 @@ from conftest import USER_DIR, run_cli
 
 import normplug  # noqa: F401  (registers the plugin)
 from normplug import analysis
-from normplug.cli import average as average_cli
+from normplug.tools import average as average_cli
 from normplug.norms import create_norm
 
 from test_tid_tool import _no_bn_checkpoint, trained_bn_run

@@ -12,8 +12,8 @@ import torch
 
 from conftest import REPO, TINY_MODEL
 
-from normplug import recipes
-from normplug.recipes import ConfigError, load_config
+import recipes
+from recipes import ConfigError, load_config
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 DEMO_CONFIGS = sorted((REPO / "configs" / "demo").glob("*.yaml"))

@@ -8,7 +8,7 @@ import sys
 
 from conftest import REPO
 
-from normplug.recipes import RESULT_COLUMNS
+from recipes import RESULT_COLUMNS
 
 TINY_CONFIG = """\
 name: {name}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from normplug.data import synthetic
-from normplug.data.synthetic import Lexicon, generate
+import synthetic
+from synthetic import Lexicon, generate
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = [f"{s}.{side}" for s in ("train", "valid", "test") for side in ("src", "tgt")] + ["lexicon.tsv"]
@@ -224,7 +224,7 @@ def test_valid_and_test_unseen_in_train(corpus):
 
 
 def test_cli_and_binarize(tmp_path):
-    """The command line (in-process: `python -m normplug.data.synthetic` calls the
+    """The command line (in-process: `python scripts/synthetic.py` calls the
     same main), with --binarize when fairseq-preprocess is installed."""
     out, dest = tmp_path / "syn", tmp_path / "bin"
     have_fairseq = (Path(sys.executable).parent / "fairseq-preprocess").exists()
@@ -241,7 +241,7 @@ def test_cli_and_binarize(tmp_path):
 def test_runs_as_a_file_without_normplug_imports(tmp_path):
     """The generator is plain Python: run by path it needs neither torch nor fairseq."""
     r = subprocess.run(
-        [sys.executable, "-S", str(REPO / "normplug" / "data" / "synthetic.py"), "--out", str(tmp_path),
+        [sys.executable, "-S", str(REPO / "scripts" / "synthetic.py"), "--out", str(tmp_path),
          "--train", "50", "--valid", "5", "--test", "5"],
         capture_output=True, text=True, timeout=60,
     )

@@ -18,7 +18,7 @@ from conftest import REPO, run_cli, train_args
 
 import normplug  # noqa: F401  (registers the plugin)
 from normplug import analysis
-from normplug.cli import tid as tid_cli
+from normplug.tools import tid as tid_cli
 from normplug.norms import create_norm
 
 ARCH = "transformer_iwslt_de_en_bn"
@@ -177,8 +177,8 @@ def test_one_checkpoint_table_csv_and_bar_chart(bn_run, tiny_data, tmp_path):
 
 def test_several_checkpoints_over_training(bn_run, tiny_data, tmp_path):
     out_csv, out_png = tmp_path / "over.csv", tmp_path / "over.png"
-    # given out of order; run as `python -m normplug.cli.tid`
-    proc = run_cli("python", "-m", "normplug.cli.tid", bn_run / "checkpoint2.pt",
+    # given out of order; run as `python -m normplug.tools.tid`
+    proc = run_cli("python", "-m", "normplug.tools.tid", bn_run / "checkpoint2.pt",
                    bn_run / "checkpoint_1_4.pt", bn_run / "checkpoint1.pt", "--data", tiny_data,
                    "--max-tokens", "100", "--csv", out_csv, "--plot", out_png, "--cpu", cwd=REPO)
     assert proc.stdout.index("checkpoint_1_4.pt") < proc.stdout.index("checkpoint1.pt (")

@@ -1,7 +1,7 @@
 """Text steps shared by scripts/prepare-*.sh (run as a file: it imports nothing
 from normplug, so the scripts do not pay for importing torch or fairseq).
 
-    python normplug/data/prepare.py <command> [args]
+    python scripts/prepare_text.py <command> [args]
 
 Commands (each reads whole files and writes whole files; the calling script
 writes into a temporary folder and renames it on success):

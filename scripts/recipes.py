@@ -28,11 +28,11 @@ A config is one published row of SPEC §4: a YAML mapping with the keys
 
 Command line (the scripts call these)::
 
-    python -m normplug.recipes argv CONFIG [--data DIR] [--save-dir DIR] [-- EXTRA...]
-    python -m normplug.recipes train CONFIG [--data DIR] [--save-dir DIR] [EXTRA...]
-    python -m normplug.recipes evaluate CONFIG [--checkpoint-dir DIR] [--data DIR]
-    python -m normplug.recipes reproduce CONFIG... [--out DIR] [--data DIR] [-- EXTRA...]
-    python -m normplug.recipes check CONFIG...
+    python scripts/recipes.py argv CONFIG [--data DIR] [--save-dir DIR] [-- EXTRA...]
+    python scripts/recipes.py train CONFIG [--data DIR] [--save-dir DIR] [EXTRA...]
+    python scripts/recipes.py evaluate CONFIG [--checkpoint-dir DIR] [--data DIR]
+    python scripts/recipes.py reproduce CONFIG... [--out DIR] [--data DIR] [-- EXTRA...]
+    python scripts/recipes.py check CONFIG...
 
 ``EXTRA`` are ``fairseq-train`` arguments: a flag that the config sets is replaced,
 any other is added. The device is chosen here: GPU when ``torch.cuda.is_available()``,
@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-PLUGIN_DIR = Path(__file__).resolve().parent
-REPO = PLUGIN_DIR.parent
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = REPO / "normplug"
 PROG = "normplug"
 
 # top-level keys: name -> (required, allowed types, meaning)
@@ -94,7 +94,7 @@ EVALUATE_KEYS = {
 
 # fairseq-train flags that the config may not set: they come from elsewhere
 RESERVED_TRAIN = {
-    "user-dir": "added by normplug.recipes (the plugin directory)",
+    "user-dir": "added by scripts/recipes.py (the plugin directory)",
     "save-dir": "chosen per run: --save-dir on the command line",
     "cpu": "added automatically when no GPU is available",
     "source-lang": "use the top-level key source_lang",
@@ -450,7 +450,7 @@ def epoch_checkpoints(folder) -> List[Path]:
 def _python_env():
     env = dict(os.environ)
     env.setdefault("PYTHONWARNINGS", "ignore")
-    # the plugin must be importable by `python -m normplug.cli.*` from any working directory
+    # the plugin must be importable by `python -m normplug.tools.*` from any working directory
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
@@ -502,7 +502,7 @@ def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print):
     if out.exists() and stamp.exists() and stamp.read_text() == wanted:
         log(f"reusing {out} (average of {', '.join(p.name for p in chosen)})")
         return out, chosen
-    argv = [sys.executable, "-m", "normplug.cli.average", "--inputs", *map(str, chosen),
+    argv = [sys.executable, "-m", "normplug.tools.average", "--inputs", *map(str, chosen),
             "--output", str(out)]
     rc, text = _run(argv)
     if rc != 0:
@@ -694,7 +694,7 @@ def _split_dashdash(argv):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m normplug.recipes",
+    parser = argparse.ArgumentParser(prog="python scripts/recipes.py",
                                      description=__doc__.split("\n\n")[0],
                                      allow_abbrev=False)
     sub = parser.add_subparsers(dest="cmd", required=True)

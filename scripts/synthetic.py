@@ -26,8 +26,8 @@ different ``--seed`` values are samples of the same language pair.
 
 Usage::
 
-    python -m normplug.data.synthetic --out data/synthetic --seed 1
-    python -m normplug.data.synthetic --out data/synthetic --seed 1 \
+    python scripts/synthetic.py --out data/synthetic --seed 1
+    python scripts/synthetic.py --out data/synthetic --seed 1 \
         --binarize data/data-bin/synthetic
 
 The files are ``{train,valid,test}.{src,tgt}`` (plain, tokenized, lowercase,
