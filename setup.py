@@ -12,7 +12,7 @@ FAIRSEQ = (
 
 setup(
     name="normplug",
-    version="0.1.0",
+    version="0.2.0",
     description=(
         "fairseq plugin: BatchNorm, Regularized BN, LayerNorm variants and "
         "PowerNorm for NMT Transformers (--user-dir normplug)"
@@ -21,19 +21,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     packages=find_packages(include=["normplug", "normplug.*"]),
-    # the fused CPU kernels are compiled from this source on first use (a C++
-    # compiler with OpenMP is needed for them; without one the norms fall back
-    # to torch ops with a warning)
-    package_data={"normplug.norms": ["csrc/*.cpp"]},
-    install_requires=[
-        "torch>=2.0",
-        "numpy",
-        "sacrebleu>=2.3",
-        "sentencepiece",
-        "sacremoses",
-        "tensorboard",
-        "matplotlib",
-    ],
+    # what the plugin and its tools import; the recipes' and data scripts' packages
+    # are in requirements.txt
+    install_requires=["torch>=2.0", "matplotlib"],
     extras_require={"fairseq": [FAIRSEQ], "test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": [

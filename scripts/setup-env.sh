@@ -65,7 +65,4 @@ pip install -q --no-deps --no-build-isolation -e .
 
 "$py" -c 'import torch, fairseq, normplug; print("setup: torch", torch.__version__, "| fairseq", fairseq.__version__, "| normplug", normplug.__version__)'
 
-# 5. the fused CPU norm kernels, built now (about 2 s) rather than in the first
-# training run; without a C++ compiler the norms still work, more slowly.
-"$py" -c 'from normplug.norms import cpu_kernels as k; lib = k.library(); print("setup: CPU norm kernels", "built" if lib else "switched off (NORMPLUG_CPU_KERNELS)" if not k.enabled() else "unavailable (" + str(k.build_error()) + "), using torch ops")'
 echo "$want" > "$STAMP"

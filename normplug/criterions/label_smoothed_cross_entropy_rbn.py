@@ -1,19 +1,15 @@
-"""``label_smoothed_cross_entropy_rbn``: label smoothing plus the Regularized-BN
-penalty of Wang, Wu & Huang (NeurIPS 2022), with TID monitoring.
+"""``label_smoothed_cross_entropy_rbn``: label smoothing plus the Regularized-BN penalty of
+Wang, Wu & Huang (NeurIPS 2022), with training–inference discrepancy (TID) logging.
 
-The penalty ``λ_μ Σ_layers Σ_c (μ̂−μ_B)² + λ_σ Σ_layers Σ_c |σ̂²−σ²_B|`` is added
-to the token-summed label-smoothed loss before fairseq divides by the number of
-target tokens, so its effective weight is λ / ntokens: that is how the
-published coefficients (IWSLT14 Post-Norm λ_μ=60, λ_σ=0; Pre-Norm λ_μ=0.1,
-λ_σ=0.01) were used, and they only transfer with that scaling (SPEC §2).
+The penalty ``λ_μ Σ_layers Σ_c (μ̂−μ_B)² + λ_σ Σ_layers Σ_c |σ̂²−σ²_B|`` is added to the
+token-summed label-smoothed loss before fairseq divides by the number of target tokens,
+so its effective weight is λ / ntokens; the published coefficients assume that scaling.
 
-The criterion reads the model through one method, ``norm_discrepancies()``
-(name -> :class:`normplug.norms.Discrepancy` of the last training forward);
-a model without it has no batch-statistics norms.
+The criterion reads the model through one method, ``norm_discrepancies()`` (site name ->
+:class:`normplug.norms.Discrepancy` of the last training forward).
 """
 import math
 from dataclasses import dataclass, field
-from typing import Dict
 
 import torch
 
@@ -29,35 +25,17 @@ TERMS = ("rbn_mean", "rbn_var", "tid_mean", "tid_var")
 
 @dataclass
 class LabelSmoothedCrossEntropyRBNConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    rbn_mean_weight: float = field(
-        default=0.0,
-        metadata={"help": "λ_μ: weight of Σ_c (μ̂−μ_B)² per BN layer, against the "
-                  "token-summed loss (published: 60 Post-Norm, 0.1 Pre-Norm)"},
-    )
-    rbn_var_weight: float = field(
-        default=0.0,
-        metadata={"help": "λ_σ: weight of Σ_c |σ̂²−σ²_B| per BN layer, against the "
-                  "token-summed loss (published: 0 Post-Norm, 0.01 Pre-Norm)"},
-    )
+    rbn_mean_weight: float = field(default=0.0, metadata={
+        "help": "λ_μ: weight of Σ_c (μ̂−μ_B)² per BN layer against the token-summed loss "
+                "(published: 60 Post-Norm, 0.1 Pre-Norm)"})
+    rbn_var_weight: float = field(default=0.0, metadata={
+        "help": "λ_σ: weight of Σ_c |σ̂²−σ²_B| per BN layer against the token-summed loss "
+                "(published: 0 Post-Norm, 0.01 Pre-Norm)"})
 
 
-def _discrepancies(model) -> Dict[str, object]:
-    read = getattr(model, "norm_discrepancies", None)
-    return read() if read is not None else {}
-
-
-def _layer_names(model):
-    names = getattr(model, "batch_stat_norms", None)
-    return {} if names is None else names()
-
-
-def no_batch_norm_message(mean_weight, var_weight, found) -> str:
-    return (
-        f"normplug: error: --rbn-mean-weight {mean_weight:g} / --rbn-var-weight {var_weight:g} "
-        f"need batch-norm layers, but the model has no 'batch' norm (batch-statistics norms: "
-        f"{found}); use a *_bn / *_rbn architecture or --encoder-norm batch, or set both "
-        "weights to 0"
-    )
+def _batch_stat_norms(model):
+    get = getattr(model, "batch_stat_norms", None)
+    return {} if get is None else get()
 
 
 @register_criterion("label_smoothed_cross_entropy_rbn", dataclass=LabelSmoothedCrossEntropyRBNConfig)
@@ -75,59 +53,53 @@ class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
         self._model_checked = False
 
     def _check_model(self, model):
-        """Non-zero weights on a model without BN would silently train plain LN."""
-        if self._model_checked:
-            return
+        """Non-zero weights on a model without BN would silently train without the penalty."""
         self._model_checked = True
-        if self.rbn_mean_weight == 0 and self.rbn_var_weight == 0:
-            return
-        layers = _layer_names(model)
-        if not any(getattr(m, "supports_rbn", False) for m in layers.values()):
-            found = ", ".join(f"{k} ({m.norm_name})" for k, m in layers.items()) or "none"
-            raise SystemExit(no_batch_norm_message(self.rbn_mean_weight, self.rbn_var_weight, found))
+        norms = _batch_stat_norms(model)
+        if (self.rbn_mean_weight or self.rbn_var_weight) and not any(m.supports_rbn for m in norms.values()):
+            found = ", ".join(f"{k} ({m.norm_name})" for k, m in norms.items()) or "none"
+            raise SystemExit(
+                f"normplug: error: --rbn-mean-weight {self.rbn_mean_weight:g} / --rbn-var-weight "
+                f"{self.rbn_var_weight:g} need batch-norm layers, but the model has no 'batch' norm "
+                f"(batch-statistics norms: {found}); use a *_bn / *_rbn architecture or "
+                "--encoder-norm batch, or set both weights to 0")
 
     def forward(self, model, sample, reduce=True):
-        self._check_model(model)
+        if not self._model_checked:
+            self._check_model(model)
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
-        terms = _discrepancies(model) if model.training else {}
-        logging_output["task_loss"] = loss.data
-
+        found = model.norm_discrepancies() if model.training and hasattr(model, "norm_discrepancies") else {}
         zero = loss.new_zeros(())
-        totals = {t: zero for t in TERMS}
-        layers = _layer_names(model)
-        # The same keys in the same order on every step and worker: fairseq's fast
-        # stat sync all-reduces the values of all keys as one flat buffer.
-        for name, layer in layers.items():
-            d = terms.get(name)
+        totals = dict.fromkeys(TERMS, zero)
+        # The same keys on every step and worker: fairseq's fast stat sync all-reduces
+        # the values of all keys as one flat buffer.
+        for name, norm in _batch_stat_norms(model).items():
+            d = found.get(name)
             logging_output[f"tid_mean/{name}"] = zero if d is None else d.tid_mean.detach()
             logging_output[f"tid_var/{name}"] = zero if d is None else d.tid_var.detach()
             if d is None:
                 continue
-            totals["tid_mean"] = totals["tid_mean"] + d.tid_mean
-            totals["tid_var"] = totals["tid_var"] + d.tid_var
-            if getattr(layer, "supports_rbn", False):  # the penalty sums BN layers only
+            totals["tid_mean"] = totals["tid_mean"] + d.tid_mean.detach()
+            totals["tid_var"] = totals["tid_var"] + d.tid_var.detach()
+            if norm.supports_rbn:  # the penalty sums the BN layers only
                 totals["rbn_mean"] = totals["rbn_mean"] + d.rbn_mean
                 totals["rbn_var"] = totals["rbn_var"] + d.rbn_var
-
-        penalty = zero
+        penalty = zero  # zero weights add nothing, not even a zero gradient
         if self.rbn_mean_weight:
             penalty = penalty + self.rbn_mean_weight * totals["rbn_mean"]
         if self.rbn_var_weight:
             penalty = penalty + self.rbn_var_weight * totals["rbn_var"]
-        if self.rbn_mean_weight or self.rbn_var_weight:
-            loss = loss + penalty
-        n_layers = max(len(terms), 1)
         logging_output.update(
-            loss=loss.data,
+            task_loss=loss.data,
+            loss=(loss + penalty).data,
             rbn_penalty=penalty.detach(),
             rbn_mean=totals["rbn_mean"].detach(),
             rbn_var=totals["rbn_var"].detach(),
-            tid_mean=totals["tid_mean"].detach() / n_layers,
-            tid_var=totals["tid_var"].detach() / n_layers,
-            # forwards that measured the norms: TIDs are averaged over these
-            rbn_forwards=1 if terms else 0,
+            tid_mean=totals["tid_mean"] / max(len(found), 1),
+            tid_var=totals["tid_var"] / max(len(found), 1),
+            rbn_forwards=1 if found else 0,  # forwards that measured the norms: TIDs average over these
         )
-        return loss, sample_size, logging_output
+        return loss + penalty, sample_size, logging_output
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
@@ -138,18 +110,13 @@ class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
 
         sample_size = total("sample_size")
         if sample_size > 0:
-            metrics.log_scalar("task_loss", total("task_loss") / sample_size / math.log(2),
-                               sample_size, round=3)
-            metrics.log_scalar("rbn_penalty", total("rbn_penalty") / sample_size / math.log(2),
-                               sample_size, round=4)
+            for key in ("task_loss", "rbn_penalty"):
+                metrics.log_scalar(key, total(key) / sample_size / math.log(2), sample_size, round=4)
         forwards = int(total("rbn_forwards"))
         if forwards == 0:  # validation, or a model without batch-statistics norms
             return
-        for key in TERMS:
-            metrics.log_scalar(key, total(key) / forwards, forwards, round=4)
-        per_layer = sorted(k for k in logging_outputs[0] if k.startswith(("tid_mean/", "tid_var/")))
-        if per_layer:
-            # one host transfer for all layers, not one per layer
-            values = torch.stack([torch.as_tensor(total(k), dtype=torch.float32) for k in per_layer])
-            for key, value in zip(per_layer, (values / forwards).tolist()):
-                metrics.log_scalar(key, value, forwards, round=4)
+        keys = list(TERMS) + sorted(k for k in logging_outputs[0] if k.startswith(("tid_mean/", "tid_var/")))
+        # one host transfer for every value, not one per layer
+        values = torch.stack([torch.as_tensor(total(k), dtype=torch.float32) for k in keys]) / forwards
+        for key, value in zip(keys, values.tolist()):
+            metrics.log_scalar(key, value, forwards, round=4)

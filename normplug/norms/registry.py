@@ -6,6 +6,7 @@ boolean tensor, True at padding (fairseq's convention). Norms know nothing of
 fairseq.
 """
 import inspect
+import math
 from typing import Dict, Iterable, Type
 
 import torch.nn as nn
@@ -38,20 +39,15 @@ def norm_names() -> Iterable[str]:
 
 def norm_class(name: str) -> Type[nn.Module]:
     if name not in _NORMS:
-        raise NormConfigError(
-            f"unknown norm {name!r}; valid choices: {', '.join(norm_names())}"
-        )
+        raise NormConfigError(f"unknown norm {name!r}; valid choices: {', '.join(norm_names())}")
     return _NORMS[name]
 
 
 def norm_options(name: str) -> Dict[str, object]:
     """The options norm ``name`` accepts, with their defaults."""
     params = inspect.signature(norm_class(name).__init__).parameters
-    return {
-        p.name: p.default
-        for p in params.values()
-        if p.name not in ("self", "dim") and p.kind is not p.VAR_KEYWORD
-    }
+    return {p.name: p.default for p in params.values()
+            if p.name not in ("self", "dim") and p.kind is not p.VAR_KEYWORD}
 
 
 def create_norm(name: str, dim: int, **options) -> nn.Module:
@@ -63,6 +59,19 @@ def create_norm(name: str, dim: int, **options) -> nn.Module:
             f"norm {name!r} has no option {', '.join(map(repr, unknown))}; "
             f"valid options: {', '.join(valid) or '(none)'}"
         )
-    if not isinstance(dim, int) or dim <= 0:
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
         raise NormConfigError(f"norm {name!r}: dim must be a positive int, got {dim!r}")
     return _NORMS[name](dim, **options)
+
+
+def check_option(norm: str, option: str, value, valid: str, ok) -> None:
+    """Raise NormConfigError naming ``value`` and the ``valid`` range unless ``ok(value)``."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and ok(value)):
+        raise NormConfigError(f"norm {norm!r}: {option} must be {valid}, got {value!r}")
+
+
+def check_choice(norm: str, option: str, value, choices) -> None:
+    if value not in choices:
+        raise NormConfigError(f"norm {norm!r}: invalid {option}={value!r}; "
+                              f"valid choices: {', '.join(map(str, choices))}")

@@ -1,6 +1,40 @@
-"""What the console scripts share: quiet logging and one-line errors."""
+"""What ``normplug-tid`` and ``normplug-average`` share: reading checkpoints and data
+splits, one-line errors, and outputs that are never left half-written."""
 import logging
+import math
+import os
+import re
 import sys
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator, List, NamedTuple, Optional
+
+import torch
+
+
+class ToolError(Exception):
+    """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
+
+
+def fail(prog: str, message: str):
+    """``prog: error: message`` on stderr and exit status 2, like argparse."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def configure_logging(verbose: bool):
+    """Only warnings and errors unless -v (importing fairseq sets the root logger to DEBUG)."""
+    logging.basicConfig(force=True, level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    if not verbose:
+        import warnings
+
+        warnings.filterwarnings("ignore")
 
 
 def add_data_args(group, split: str, purpose: str):
@@ -10,30 +44,165 @@ def add_data_args(group, split: str, purpose: str):
     group.add_argument("--split", default=split, help=f"data split to {purpose} (default: {split})")
     group.add_argument("--max-tokens", type=int, default=4096,
                        help="tokens per batch; use the training batch size (default: 4096)")
-    group.add_argument("--batch-size", type=int, default=None,
-                       help="sentences per batch (default: no limit)")
+    group.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: no limit)")
     group.add_argument("--max-batches", type=int, default=None,
                        help="use at most K random batches of the split (default: all of them)")
     group.add_argument("--seed", type=int, default=1, help="which random batches, in which order (default: 1)")
     group.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
 
 
-def configure_logging(verbose: bool):
-    """Only warnings and errors unless -v: importing fairseq has configured the
-    root logger at DEBUG (fairseq.models.wav2vec.wav2vec2_classification)."""
-    logging.basicConfig(
-        force=True,
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
-    if not verbose:
-        import warnings
-
-        warnings.filterwarnings("ignore")
+def check_data_args(args):
+    for flag in ("max_tokens", "max_batches", "batch_size"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise ToolError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
 
 
-def fail(prog: str, message: str):
-    """``prog: error: message`` on stderr and exit status 2, like argparse."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+@contextmanager
+def atomic_path(path: str):
+    """Yield a temporary path next to ``path``; rename it to ``path`` on success and
+    delete it on any error, so ``path`` is never left half-written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ToolError(f"output directory not found: {folder}")
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the output normal permissions
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# --- checkpoints --------------------------------------------------------------
+
+class CheckpointInfo(NamedTuple):
+    path: str
+    epoch: Optional[int]  # the epoch during which the checkpoint was written
+    num_updates: Optional[int]
+
+
+def checkpoint_info(path: str, state: dict) -> CheckpointInfo:
+    """Epoch and update count recorded by ``fairseq-train``. fairseq stores the *next*
+    epoch with ``iterations_in_epoch == 0`` when a checkpoint closes an epoch."""
+    history = state.get("optimizer_history") or []
+    num_updates = history[-1].get("num_updates") if history and isinstance(history[-1], dict) else None
+    itr = (state.get("extra_state") or {}).get("train_iterator") or {}
+    epoch = itr.get("epoch")
+    if epoch is not None and not itr.get("iterations_in_epoch"):
+        epoch -= 1
+    return CheckpointInfo(path, epoch, num_updates)
+
+
+def raw_load(path: str) -> dict:
+    """A checkpoint as stored (weights-only, normplug's allow-list), checked to be fairseq's."""
+    if not os.path.isfile(path):
+        raise ToolError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu")
+    except Exception as err:  # truncated zip, pickle garbage, wrong file type, unsafe global
+        text = " ".join(str(err).split())
+        if "Unsupported global" in text:
+            raise ToolError(f"cannot read checkpoint {path}: it pickles an object that weights-only "
+                            f"loading refuses ({first_line(err)})") from None
+        raise ToolError(f"cannot read checkpoint {path}: truncated, corrupt or not a torch checkpoint "
+                        f"({first_line(err)})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise ToolError(f"{path} is not a fairseq checkpoint (no 'model' state dict)")
+    if state.get("args") is None and state.get("cfg") is None:
+        raise ToolError(f"{path} is not a fairseq checkpoint (neither 'args' nor 'cfg')")
+    return state
+
+
+_EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")
+_UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+
+
+def numbered_checkpoints(folder: str, kind: str = "any", upper_bound: Optional[int] = None) -> List[str]:
+    """``checkpointE.pt`` (kind 'epoch') and/or ``checkpoint_E_U.pt`` (kind 'update') files
+    of a save dir, oldest first (last/best excluded); an epoch's own checkpoint comes after
+    its update checkpoints. ``upper_bound`` drops epochs (or updates) after it."""
+    found = []
+    for name in os.listdir(folder):
+        epoch, update = _EPOCH.match(name), _UPDATE.match(name)
+        if epoch and kind in ("any", "epoch"):
+            found.append(((int(epoch.group(1)), math.inf), name))
+        if update and kind in ("any", "update"):
+            found.append(((int(update.group(1)), int(update.group(2))), name))
+    if upper_bound is not None:
+        found = [f for f in found if f[0][0 if kind == "epoch" else 1] <= upper_bound]
+    return [os.path.join(folder, name) for _, name in sorted(found)]
+
+
+def load_model(path: str, data: Optional[str] = None):
+    """The model of a checkpoint, in eval mode on the CPU, with its task; returns
+    (model, task, info). ``data`` overrides the data directory recorded in it."""
+    from fairseq import checkpoint_utils
+
+    state = raw_load(path)
+    info = checkpoint_info(path, state)
+    cfg = state.get("cfg")
+    data_dir = data or (cfg["task"].get("data") if cfg is not None else getattr(state["args"], "data", None))
+    if not data_dir:
+        raise ToolError(f"{path} records no data directory; pass --data DIR")
+    for one in str(data_dir).split(os.pathsep):
+        if not os.path.isdir(one):
+            where = "" if data else f" (recorded in {path}; pass --data DIR)"
+            raise ToolError(f"data directory not found: {one}{where}")
+    overrides = {"data": str(data_dir)}
+    try:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+    except SystemExit as err:  # normplug's own one-line configuration errors
+        raise ToolError(f"cannot build the model of {path}: {err}") from None
+    except Exception as err:
+        raise ToolError(f"cannot load the model of {path} with data {data_dir}: {first_line(err)}") from None
+    model = models[0]
+    model.eval()
+    return model, task, info
+
+
+# --- data ---------------------------------------------------------------------
+
+def iterate_batches(task, model, split: str, max_tokens: Optional[int] = 4096,
+                    max_sentences: Optional[int] = None, max_batches: Optional[int] = None,
+                    seed: int = 1) -> Iterator[dict]:
+    """Batches of ``split`` as fairseq builds them (length-bucketed), in a fixed random
+    order (``seed``), so that ``max_batches`` samples every length."""
+    from fairseq import utils
+
+    try:
+        task.load_dataset(split, epoch=1, combine=False)
+    except Exception as err:
+        raise ToolError(f"cannot load split {split!r}: {first_line(err)}") from None
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=seed, num_workers=0,
+        epoch=1, disable_iterator_cache=True,
+    ).next_epoch_itr(shuffle=True)
+    done = 0
+    for sample in itr:
+        if max_batches is not None and done >= max_batches:
+            break
+        if sample and "net_input" in sample:
+            done += 1
+            yield sample
+
+
+def run_model(model, sample, device):
+    """One teacher-forced forward of ``model`` on ``sample``."""
+    from fairseq import utils
+
+    net_input = sample["net_input"]
+    if device == "cuda":
+        net_input = utils.move_to_cuda(net_input)
+    return model(**net_input)
+
+
+def device_for(args) -> str:
+    return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"

@@ -1,7 +1,7 @@
 """``normplug-tid``: training–inference discrepancy (TID) of a model's BN/PN layers.
 
 For every batch-statistics norm (BatchNorm, PowerNorm) of one or more fairseq
-checkpoints, measure on a held-out split (SPEC §2, Wang, Wu & Huang 2022)::
+checkpoints, measure on a held-out split (Wang, Wu & Huang, NeurIPS 2022)::
 
     mean TID     = mean_c |μ̂_c − μ_B,c| / σ_B,c
     variance TID = mean_c |σ̂_c / σ_B,c − 1|
@@ -40,11 +40,82 @@ import csv
 import math
 import os
 import sys
+from typing import Dict, List, NamedTuple, Optional
 
-from . import common
-from .common import configure_logging
+import torch
+
+from ..norms import BatchStatNorm
+from ..norms.base import measure_discrepancy, real_tokens
+from .common import (ToolError, add_data_args, atomic_path, check_data_args, configure_logging, device_for,
+                     fail, iterate_batches, load_model, numbered_checkpoints, run_model)
 
 PROG = "normplug-tid"
+
+
+class LayerTID(NamedTuple):
+    layer: str
+    norm: str
+    tid_mean: Optional[float]  # None where the norm has no mean statistic
+    tid_var: float
+    batches: int
+    tokens: int
+
+
+class TIDMeter:
+    """Forward pre-hooks on batch-statistics norms that accumulate their TID per batch,
+    token-weighted: Σ_b n_b·TID_b / Σ_b n_b, n_b the layer's real tokens in batch b."""
+
+    def __init__(self, norms: Dict[str, BatchStatNorm]):
+        self.norms = norms
+        self.sums = {name: [0.0, 0.0, 0, 0] for name in norms}  # Σ n·mean, Σ n·var, batches, tokens
+        self.handles = []
+
+    def _hook(self, name):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs["x"]
+            pad_mask = args[1] if len(args) > 1 else kwargs.get("pad_mask")
+            n = int(real_tokens(x, pad_mask).sum())
+            if n < 2:  # one token has no spread: its TID is not defined
+                return
+            with torch.no_grad():
+                d = measure_discrepancy(*module.batch_statistics(x, pad_mask), *module.population_statistics())
+            acc = self.sums[name]
+            acc[0] += n * float(d.tid_mean)
+            acc[1] += n * float(d.tid_var)
+            acc[2] += 1
+            acc[3] += n
+        return hook
+
+    def __enter__(self):
+        self.handles = [m.register_forward_pre_hook(self._hook(name), with_kwargs=True)
+                        for name, m in self.norms.items()]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        return False
+
+    def results(self) -> List[LayerTID]:
+        out = []
+        for name, module in self.norms.items():
+            s_mean, s_var, batches, tokens = self.sums[name]
+            has_mean = module.population_statistics()[0] is not None
+            out.append(LayerTID(name, module.norm_name,
+                                s_mean / tokens if tokens and has_mean else None,
+                                s_var / tokens if tokens else math.nan, batches, tokens))
+        return out
+
+
+def measure_tid(model, task, split="valid", max_tokens=4096, max_sentences=None,
+                max_batches=None, seed=1, device="cpu") -> List[LayerTID]:
+    """Per-layer TID of ``model`` in eval mode (every layer normalises with its population
+    statistics, as at inference) over batches of ``split``."""
+    model.eval()
+    with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
+        for sample in iterate_batches(task, model, split, max_tokens, max_sentences, max_batches, seed):
+            run_model(model, sample, device)
+    return meter.results()
 
 
 def build_parser():
@@ -56,20 +127,14 @@ def build_parser():
     )
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files, or save dirs (every checkpointN.pt / checkpoint_E_U.pt in them)")
-    common.add_data_args(p, "valid", "measure on")
+    add_data_args(p, "valid", "measure on")
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument("--plot", metavar="PATH", help="draw a PNG figure")
     p.add_argument("-v", "--verbose", action="store_true", help="show fairseq's log")
     return p
 
 
-def fail(message: str):
-    common.fail(PROG, message)
-
-
 def _expand(paths):
-    from normplug.analysis import numbered_checkpoints, ToolError
-
     out = []
     for path in paths:
         if os.path.isdir(path):
@@ -83,42 +148,29 @@ def _expand(paths):
 
 
 def run(args):
-    """Measure every checkpoint; returns [(CheckpointInfo, [LayerTID])], sorted."""
-    import torch
-    from normplug.analysis import ToolError, batch_stat_norms, load_model, measure_tid
-
-    if args.max_tokens is not None and args.max_tokens <= 0:
-        raise ToolError("--max-tokens must be > 0")
-    if args.max_batches is not None and args.max_batches <= 0:
-        raise ToolError("--max-batches must be > 0")
+    """Measure every checkpoint; returns [(CheckpointInfo, [LayerTID])], by update count."""
+    check_data_args(args)
     if args.data is not None and not os.path.isdir(args.data):
         raise ToolError(f"data directory not found: {args.data}")
     paths = _expand(args.checkpoints)
     for path in paths:  # fail before any work is done
         if not os.path.exists(path):
             raise ToolError(f"checkpoint not found: {path}")
-    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    device = device_for(args)
     results = []
     for path in paths:
         model, task, info = load_model(path, args.data)
-        if not batch_stat_norms(model):
-            raise ToolError(
-                f"{path} has no BN/PN layer (no batch-statistics norm); TID is defined "
-                "for 'batch' and 'power' norms only"
-            )
+        if not model.batch_stat_norms():
+            raise ToolError(f"{path} has no BN/PN layer (no batch-statistics norm); TID is defined "
+                            "for 'batch' and 'power' norms only")
         model.to(device)
         layers = measure_tid(model, task, args.split, args.max_tokens, args.batch_size,
                              args.max_batches, seed=args.seed, device=device)
         if all(layer.batches == 0 for layer in layers):
             raise ToolError(f"split {args.split!r} gave no batch with 2 or more real tokens")
         results.append((info, layers))
-        del model
-    order = {id(r): i for i, r in enumerate(results)}
-    results.sort(key=lambda r: (
-        r[0].num_updates if r[0].num_updates is not None else math.inf,
-        r[0].epoch if r[0].epoch is not None else math.inf,
-        order[id(r)],
-    ))
+    results.sort(key=lambda r: (math.inf if r[0].num_updates is None else r[0].num_updates,
+                                math.inf if r[0].epoch is None else r[0].epoch))
     return results
 
 
@@ -264,41 +316,18 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     try:
-        import normplug  # noqa: F401  (registers the plugin's models, allow-lists checkpoints)
-        from normplug.analysis import ToolError, atomic_path
-    except Exception as err:  # pragma: no cover - broken installation
-        fail(f"cannot import normplug: {type(err).__name__}: {err}")
-    try:
         results = run(args)
         print_table(results, args.split)
-        # both outputs go to temporary names first and are renamed at the end
-        with _maybe(atomic_path, args.csv) as csv_tmp, _maybe(atomic_path, args.plot) as png_tmp:
-            if csv_tmp:
-                write_csv(results, csv_tmp)
-            if png_tmp:
-                draw(results, png_tmp, args.split)
+        for path, write in ((args.csv, write_csv), (args.plot, lambda rows, tmp: draw(rows, tmp, args.split))):
+            if path:
+                with atomic_path(path) as tmp:
+                    write(results, tmp)
+                print(f"wrote {path}")
     except ToolError as err:
-        fail(str(err))
+        fail(PROG, str(err))
     except KeyboardInterrupt:
-        fail("interrupted")
-    if args.csv:
-        print(f"wrote {args.csv}")
-    if args.plot:
-        print(f"wrote {args.plot}")
+        fail(PROG, "interrupted")
     return 0
-
-
-class _maybe:
-    """``atomic_path(path)`` when a path is given, else a context yielding None."""
-
-    def __init__(self, factory, path):
-        self.cm = factory(path) if path else None
-
-    def __enter__(self):
-        return self.cm.__enter__() if self.cm else None
-
-    def __exit__(self, *exc):
-        return self.cm.__exit__(*exc) if self.cm else False
 
 
 if __name__ == "__main__":
