@@ -82,20 +82,6 @@ def run_cli(tool, *args, cwd=None, check=True, env=None, timeout=600, input=None
     return proc
 
 
-@pytest.fixture(scope="module", params=["cpu-kernels", "torch-ops"])
-def norm_implementation(request):
-    """Run a norm test module twice: with the fused CPU kernels (what CPUs use) and
-    with the torch-op implementations (what GPUs use, and the CPU fallback)."""
-    from normplug.norms import cpu_kernels
-
-    if request.param == "torch-ops":
-        with cpu_kernels.disabled():
-            yield request.param
-    else:
-        assert cpu_kernels.library() is not None, f"CPU kernels did not build: {cpu_kernels.build_error()}"
-        yield request.param
-
-
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """Binarized tiny corpus (joined dictionary), built once per test session."""

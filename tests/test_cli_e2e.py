@@ -1,107 +1,121 @@
-"""The real fairseq command lines with --user-dir normplug, as subprocesses."""
+"""The real fairseq command lines with --user-dir normplug, as subprocesses.
+
+Two training runs cover every norm kind at some site: a Pre-Norm model (every
+site a different kind, final norms included, RBN criterion) that is trained,
+resumed, decoded by fairseq-generate and fairseq-interactive; and a Post-Norm
+model with batch statistics in the decoder and --compile-norms.
+"""
 import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 from conftest import USER_DIR, run_cli, train_args
 
-from normplug.compat import SAFE_GLOBALS
+from normplug.checkpoints import SAFE_GLOBALS
 
-# (architecture, extra fairseq-train flags): every norm kind, Post- and Pre-Norm mixed
-RUNS = {
-    "ln": ("transformer_iwslt_de_en_ln", []),
-    "lnsimple": ("transformer_iwslt_de_en_lnsimple_prenorm", []),
-    "detach": ("transformer_iwslt_de_en_detach", ["--detach-mode", "mean"]),
-    "adanorm": ("transformer_iwslt_de_en_adanorm_prenorm", ["--adanorm-scale", "2"]),
-    "rms": ("transformer_iwslt_de_en_rms", []),
-    "scale": ("transformer_iwslt_de_en_scale_prenorm", []),
-    "nonorm": ("transformer_iwslt_de_en_nonorm_prenorm", []),
-    "bn": ("transformer_iwslt_de_en_bn", ["--bn-momentum", "0.1"]),
-    "rbn": ("transformer_iwslt_de_en_rbn_prenorm",
-            ["--criterion", "label_smoothed_cross_entropy_rbn", "--rbn-mean-weight", "0.1",
-             "--rbn-var-weight", "0.01"]),
-    "pn": ("transformer_iwslt_de_en_pn", ["--power-warmup", "2"]),
-}
+pytestmark = pytest.mark.slow
 
-
-def generate(data, checkpoint, *extra):
-    return run_cli(
-        "fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint,
-        "--gen-subset", "test", "--beam", "2", "--max-len-b", "20", "--batch-size", "16",
-        "--cpu", "--scoring", "sacrebleu", "--remove-bpe", *extra,
-    )
+PRE_NORM = [
+    "--encoder-normalize-before", "--decoder-normalize-before",
+    "--encoder-attn-norm", "batch", "--encoder-ffn-norm", "detach", "--encoder-final-norm", "power",
+    "--decoder-self-attn-norm", "layer_simple", "--decoder-cross-attn-norm", "rms",
+    "--decoder-ffn-norm", "scale", "--decoder-final-norm", "adanorm",
+    "--power-warmup", "2", "--power-final-warmup", "1", "--detach-mode", "mean", "--adanorm-scale", "2",
+    "--criterion", "label_smoothed_cross_entropy_rbn", "--rbn-mean-weight", "0.1", "--rbn-var-weight", "0.01",
+]
+POST_NORM = [
+    "--encoder-attn-norm", "identity", "--encoder-ffn-norm", "layer",
+    "--decoder-self-attn-norm", "batch", "--decoder-cross-attn-norm", "power", "--decoder-ffn-norm", "batch",
+    "--bn-momentum", "0.1", "--compile-norms",
+]
+PER_LAYER_TID = ("tid_mean/enc0.attn", "tid_var/enc0.attn", "tid_var/enc.final")
 
 
-@pytest.mark.parametrize("kind", sorted(RUNS))
-def test_train_then_generate(tiny_data, tmp_path, kind):
-    arch, extra = RUNS[kind]
-    # a later --criterion in `extra` wins over train_args' default (argparse)
-    train = run_cli("fairseq-train", *train_args(tiny_data, tmp_path / "ck", arch, *extra))
-    checkpoint = tmp_path / "ck" / "checkpoint_last.pt"
-    assert checkpoint.exists() and checkpoint.stat().st_size > 10_000
-    assert "num_updates 3" in train.stdout + train.stderr
-    # fairseq >= 2.6 torch loads weights-only: the allow-list covers what we pickle
+def _generate(data, checkpoint, *extra, check=True):
+    return run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint,
+                   "--gen-subset", "test", "--beam", "2", "--max-len-b", "20", "--batch-size", "16",
+                   "--cpu", *extra, check=check)
+
+
+@pytest.fixture(scope="module")
+def pre_norm_run(tiny_data, tmp_path_factory):
+    save = tmp_path_factory.mktemp("pre") / "ck"
+    proc = run_cli("fairseq-train", *train_args(tiny_data, save, "norm_transformer", *PRE_NORM, updates=3))
+    return save, proc.stdout + proc.stderr
+
+
+def test_every_site_trains_logs_and_decodes(tiny_data, pre_norm_run):
+    save, log = pre_norm_run
+    checkpoint = save / "checkpoint_last.pt"
+    # torch >= 2.6 loads weights-only: the allow-list covers everything a checkpoint pickles
     assert set(torch.serialization.get_unsafe_globals_in_checkpoint(str(checkpoint))) <= {
-        f"{t.__module__}.{t.__qualname__}" for t in SAFE_GLOBALS
-    }
-    gen = generate(tiny_data, checkpoint)
-    out = gen.stdout + gen.stderr
-    assert re.search(r"BLEU = \d+\.\d+", out), out[-2000:]
-    assert len(re.findall(r"^H-\d+\t", gen.stdout, flags=re.M)) == 24
-
-
-def test_rbn_criterion_logs_task_loss_penalty_and_tid(tiny_data, tmp_path):
-    arch, extra = RUNS["rbn"]
-    out = run_cli("fairseq-train", *train_args(tiny_data, tmp_path / "ck", arch, *extra))
-    log = out.stdout + out.stderr
+        f"{t.__module__}.{t.__qualname__}" for t in SAFE_GLOBALS}
+    model = torch.load(checkpoint)["model"]
+    # fairseq hands the norms the updates done before each step: 2 before the third
+    assert model["encoder.final_norm.num_updates"] == 2 and "encoder.final_norm.running_psi2" in model
     inner = [line for line in log.splitlines() if "| train_inner |" in line]
     assert len(inner) == 3
-    for line in inner:
-        for key in ("task_loss", "rbn_penalty", "rbn_mean", "rbn_var", "tid_mean", "tid_var",
-                    "tid_mean/enc0.attn", "tid_var/enc0.ffn"):
+    for line in inner:  # the same keys on every step, penalty and TID apart
+        for key in ("task_loss", "rbn_penalty", "rbn_mean", "rbn_var", "tid_mean", "tid_var", *PER_LAYER_TID):
             assert re.search(rf"[ |,]{re.escape(key)}[= ][0-9.]", line), (key, line)
     valid = [line for line in log.splitlines() if "| valid |" in line]
     assert valid and "rbn_mean" not in valid[0] and "task_loss" in valid[0]
+    gen = _generate(tiny_data, checkpoint, "--scoring", "sacrebleu")
+    assert re.search(r"BLEU = \d+\.\d+", gen.stdout + gen.stderr)
+    assert len(re.findall(r"^H-\d+\t", gen.stdout, flags=re.M)) == 24
 
 
-def test_resume_and_interactive_load_plugin_checkpoints(tiny_data, tmp_path):
+def test_resume_and_interactive(tiny_data, pre_norm_run, tmp_path):
     save = tmp_path / "ck"
-    run_cli("fairseq-train", *train_args(tiny_data, save, "transformer_iwslt_de_en_pn_prenorm",
-                                         "--power-warmup", "2", updates=2))
-    resumed = run_cli("fairseq-train", *train_args(tiny_data, save, "transformer_iwslt_de_en_pn_prenorm",
-                                                   "--power-warmup", "2", updates=4))
+    shutil.copytree(pre_norm_run[0], save)
+    resumed = run_cli("fairseq-train", *train_args(tiny_data, save, "norm_transformer", *PRE_NORM, updates=4))
     log = resumed.stdout + resumed.stderr
     assert "Loaded checkpoint" in log and "num_updates 4" in log
-    inter = run_cli("fairseq-interactive", tiny_data, "--user-dir", USER_DIR,
-                    "--path", save / "checkpoint_last.pt", "--cpu", "--beam", "2",
-                    "--source-lang", "src", "--target-lang", "tgt", input="w1 w2 w3\n")
+    inter = run_cli("fairseq-interactive", tiny_data, "--user-dir", USER_DIR, "--path",
+                    save / "checkpoint_last.pt", "--cpu", "--beam", "2", "--source-lang", "src",
+                    "--target-lang", "tgt", input="w1 w2 w3\n")
     assert re.search(r"^H-0\t", inter.stdout, flags=re.M)
 
 
-def test_clear_errors_from_the_command_line(tiny_data, tmp_path):
-    bad = run_cli("fairseq-train", *train_args(tiny_data, tmp_path / "a", "transformer_iwslt_de_en_ln",
-                                               "--criterion", "label_smoothed_cross_entropy_rbn",
-                                               "--rbn-mean-weight", "60"), check=False)
-    assert bad.returncode != 0
-    assert "normplug: error:" in bad.stderr and "no 'batch' norm" in bad.stderr
-    assert "Traceback" not in bad.stderr
-    assert not (tmp_path / "a" / "checkpoint_last.pt").exists()
+def test_compiled_post_norm_with_decoder_batch_statistics(tiny_data, tmp_path):
+    save = tmp_path / "ck"
+    run_cli("fairseq-train", *train_args(tiny_data, save, "norm_transformer", *POST_NORM, updates=3))
+    checkpoint = save / "checkpoint_last.pt"
+    gen = _generate(tiny_data, checkpoint)
+    assert len(re.findall(r"^H-\d+\t", gen.stdout, flags=re.M)) == 24
+    # test-batch statistics cannot work one token at a time: refused before any output
+    bad = _generate(tiny_data, checkpoint, "--model-overrides", "{'bn_test_stats': 'batch'}", check=False)
+    assert bad.returncode != 0 and "incremental decoding" in bad.stderr and "Traceback" not in bad.stderr
+    assert not re.search(r"^H-\d+\t", bad.stdout, flags=re.M)
 
-    bad = run_cli("fairseq-train", *train_args(tiny_data, tmp_path / "b", "norm_transformer",
-                                               "--encoder-norm", "powernorm"), check=False)
-    assert bad.returncode == 2 and "powernorm" in bad.stderr and "batch" in bad.stderr
 
-    neg = run_cli("fairseq-train", *train_args(tiny_data, tmp_path / "c", "transformer_iwslt_de_en_bn",
-                                               "--criterion", "label_smoothed_cross_entropy_rbn",
-                                               "--rbn-var-weight", "-1"), check=False)
-    assert neg.returncode != 0 and "--rbn-var-weight" in neg.stderr and "-1" in neg.stderr
-    assert "Traceback" not in neg.stderr
+def test_bad_flags_stop_with_one_line_before_anything_is_written(tiny_data, tmp_path):
+    cases = [
+        (["--arch", "transformer_iwslt_de_en_pn", "--rbn-mean-weight", "60", "--disable-validation"],
+         ("--rbn-mean-weight", "no 'batch' norm", "power"), None),
+        (["--arch", "transformer_iwslt_de_en_pn", "--power-groups", "3"],
+         ("groups=3 does not divide dim=16", "--encoder-attn-norm power"), 1),
+        (["--encoder-norm", "batch", "--bn-momentum", "1.5"], ("--bn-momentum", "(0, 1]", "1.5"), 2),
+        (["--power-alpha-fwd", "2"], ("--power-alpha-fwd", "[0, 1]"), 2),
+        (["--encoder-norm", "powernorm"], ("powernorm", "batch", "layer"), 2),
+        (["--rbn-var-weight", "-1"], ("--rbn-var-weight", "-1"), None),
+    ]
+    dirs = [tmp_path / f"s{i}" for i in range(len(cases))]
 
-    run_cli("fairseq-train", *train_args(tiny_data, tmp_path / "d", "norm_transformer",
-                                         "--decoder-norm", "batch", updates=1))
-    gen = run_cli("fairseq-generate", tiny_data, "--user-dir", USER_DIR,
-                  "--path", tmp_path / "d" / "checkpoint_last.pt", "--cpu",
-                  "--model-overrides", "{'bn_test_stats': 'batch'}", check=False)
-    assert gen.returncode != 0 and "incremental decoding" in gen.stderr
-    assert "Traceback" not in gen.stderr
+    def run(case, folder):
+        # a later --arch wins over train_args' own (argparse)
+        args = train_args(tiny_data, folder, "transformer_iwslt_de_en_ln", "--criterion",
+                          "label_smoothed_cross_entropy_rbn", *case[0], updates=6)
+        return run_cli("fairseq-train", *args, check=False)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each is mostly start-up time
+        procs = list(pool.map(run, cases, dirs))
+    for (flags, needles, code), proc, folder in zip(cases, procs, dirs):
+        assert proc.returncode != 0 and (code is None or proc.returncode == code), (flags, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "error:" in last and all(n in last for n in needles), (flags, last)
+        assert not folder.exists() or not any(folder.iterdir()), (flags, list(folder.iterdir()))

@@ -241,3 +241,62 @@ def test_site_overrides_and_published_placements(tiny_data):
     assert kinds["enc.final"] == kinds["dec.final"] == "adanorm"
     assert {v for k, v in kinds.items() if "final" not in k} == {"layer"}
     assert isinstance(model, NormTransformerModel)
+
+
+def test_power_norm_placement_and_final_warmup(tiny_data):
+    """pn: PowerNorm at the encoder's sublayers (warm-up = --warmup-updates) and, in Pre-Norm,
+    at the encoder's final norm with its own warm-up (1000 in Shen et al.'s release)."""
+    _, model, _ = build(tiny_data, "transformer_iwslt_de_en_pn_prenorm", "--warmup-updates", "8000")
+    norms = {site_name(n): m for n, m in model.named_modules() if hasattr(m, "norm_name")}
+    assert {k: m.norm_name for k, m in norms.items() if m.norm_name != "layer"} == {
+        "enc0.attn": "power", "enc0.ffn": "power", "enc.final": "power"}
+    assert norms["enc0.attn"].warmup_updates == 8000 and norms["enc.final"].warmup_updates == 1000
+    assert norms["enc0.attn"].groups == 2  # attention heads of the tiny model
+    _, model, _ = build(tiny_data, "transformer_iwslt_de_en_pn_prenorm", "--power-warmup", "7",
+                        "--power-final-warmup", "3")
+    assert model.encoder.layers[0].final_layer_norm.warmup_updates == 7
+    assert model.encoder.final_norm.warmup_updates == 3
+    _, model, _ = build(tiny_data, "transformer_iwslt_de_en_pn")  # Post-Norm: no final norm
+    assert model.encoder.final_norm is None
+
+
+def test_initialisation_flags(tiny_data):
+    """kaiming: nn.Linear's default weights, zero biases, on every attention projection;
+    xavier FFN: Xavier-uniform weights, zero biases; defaults keep fairseq 0.12's init."""
+    _, stock, _ = build(tiny_data, "transformer_iwslt_de_en_ln")
+    _, model, _ = build(tiny_data, "transformer_iwslt_de_en_ln", "--attn-init", "kaiming",
+                        "--decoder-ffn-init", "xavier")
+    for m in (stock, model):
+        assert all(torch.isfinite(p).all() for p in m.parameters())
+    dim = 16
+    for attn in (model.encoder.layers[0].self_attn, model.decoder.layers[0].self_attn,
+                 model.decoder.layers[0].encoder_attn):
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+            assert proj.weight.abs().max() <= 1 / dim ** 0.5 and torch.equal(proj.bias, torch.zeros_like(proj.bias))
+    assert stock.encoder.layers[0].self_attn.q_proj.bias.abs().sum() > 0  # fairseq leaves q/k/v biases uniform
+    dec = model.decoder.layers[0]
+    assert torch.equal(dec.fc1.bias, torch.zeros_like(dec.fc1.bias)) and dec.fc1.weight.abs().max() > 1 / dim ** 0.5
+    enc = model.encoder.layers[0]  # encoder FFN untouched: nn.Linear's default, uniform bias
+    assert enc.fc1.bias.abs().sum() > 0 and enc.fc1.weight.abs().max() <= 1 / dim ** 0.5
+
+
+@pytest.mark.slow
+def test_compile_norms_keeps_state_names_and_matches_eager(tiny_data):
+    arch = ["--encoder-attn-norm", "batch", "--encoder-ffn-norm", "power", "--decoder-ffn-norm", "rms"]
+    task, eager, _ = build(tiny_data, "norm_transformer", *arch)
+    _, compiled, _ = build(tiny_data, "norm_transformer", *arch, "--compile-norms")
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    compiled.load_state_dict(eager.state_dict())
+    for model in (eager, compiled):
+        model.train()
+    for step, (src_len, tgt_len) in enumerate([([5, 3, 7], [4, 6, 2]), ([4, 4], [3, 5])]):
+        src, lengths, prev = make_batch(task, src_len, tgt_len, seed=step)
+        out = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            logits, _ = model(src, lengths, prev)
+            logits.square().mean().backward()
+            out.append([logits.detach()] + [p.grad for p in model.parameters()])
+        for a, b in zip(*out):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(compiled.state_dict(), eager.state_dict(), rtol=1e-4, atol=1e-5)

@@ -15,10 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from normplug.norms import NormConfigError, create_norm, norm_names
-from normplug.norms.batch import MaskedBatchNorm, _MaskedBatchNormFn
-
-# every test here runs with the CPU kernels and with the torch ops (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("norm_implementation")
+from normplug.norms.batch import MaskedBatchNorm
 
 EPS = 1e-5
 HYP = settings(max_examples=25, deadline=None)
@@ -218,38 +215,15 @@ def test_batch_without_real_tokens():
     assert (y == 0).all()
     assert norm.running_mean.eq(0).all() and norm.running_var.eq(1).all()
     assert int(norm.num_batches_tracked) == 0
-    assert norm.discrepancy() is None
-    y.sum().backward()
+    # no host sync decides it away: the discrepancy exists, but nothing reaches x through it
+    d = norm.discrepancy()
+    (y.sum() + d.rbn_mean + d.rbn_var).backward()
     assert (x.grad == 0).all()
     norm.eval()
     assert (norm(x, pad) == 0).all()
 
 
 # --------------------------------------------------------------------------- gradients
-@HYP
-@given(batches(max_t=4, max_b=3, max_c=3), st.booleans())
-def test_gradcheck_function(batch, affine):
-    """Output and both batch statistics, differentiated in float64."""
-    x, pad = batch
-    T, B, C = x.shape
-    real = real_of(pad).reshape(-1)
-    idx, pidx = real.nonzero().squeeze(1), (~real).nonzero().squeeze(1)
-    if idx.numel() == T * B:
-        idx = pidx = None
-    xf = x.reshape(T * B, C).clone().requires_grad_(True)
-    g = torch.Generator().manual_seed(3)
-    w = (torch.randn(C, generator=g, dtype=torch.float64) + 1).requires_grad_(affine)
-    b = torch.randn(C, generator=g, dtype=torch.float64).requires_grad_(affine)
-    if not affine:
-        w = b = None
-    inputs = (xf, w, b) if affine else (xf,)
-
-    def fn(xf, w=None, b=None):
-        return _MaskedBatchNormFn.apply(xf, idx, pidx, w, b, 1e-3)
-
-    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5)
-
-
 @HYP
 @given(batches(), st.floats(0.0, 2.0), st.floats(0.0, 2.0))
 def test_gradients_match_reference(batch, lam_mu, lam_var):
@@ -459,7 +433,7 @@ def test_discrepancy_terms_match_formula(batch, rho):
     x, pad = batch
     C = x.shape[-1]
     norm = make_norm(C, momentum=rho).train()
-    norm(fill_pad(x, pad, -1e30), pad)
+    norm(fill_pad(x, pad, -1e30).requires_grad_(True), pad)
     d = norm.discrepancy()
     assert norm.discrepancy() is None  # handed out once
     mu, var = ref_stats(x, pad)
@@ -602,6 +576,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_sync_stats_two_gloo_workers():
     import torch.multiprocessing as mp
 

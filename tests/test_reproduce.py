@@ -1,5 +1,6 @@
 """scripts/reproduce.sh end to end on the tiny corpus: two tiny demo-like configs,
 a handful of updates each, results.md and results.csv with the expected rows/columns."""
+import pytest
 import csv
 import json
 import os
@@ -69,6 +70,7 @@ def write_config(folder, name, norm, arch, published, data, rbn=False):
     return path
 
 
+@pytest.mark.slow
 def test_reproduce_writes_results_table(tiny_data, tmp_path):
     ln = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.5, tiny_data)
     rbn = write_config(tmp_path, "tiny-rbn", "RBN", "transformer_iwslt_de_en_rbn", "null",
@@ -120,6 +122,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
     assert "rbn_penalty" in (out / "tiny-rbn" / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data):
     good = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.5, tiny_data)
     bad = tmp_path / "bad.yaml"

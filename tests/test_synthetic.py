@@ -223,6 +223,7 @@ def test_valid_and_test_unseen_in_train(corpus):
     assert not train & set(valid) and not train & set(test) and not set(valid) & set(test)
 
 
+@pytest.mark.slow
 def test_cli_and_binarize(tmp_path):
     """The command line (in-process: `python scripts/synthetic.py` calls the
     same main), with --binarize when fairseq-preprocess is installed."""

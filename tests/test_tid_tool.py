@@ -1,4 +1,4 @@
-"""normplug-tid: TID of BN/PN layers of real fairseq checkpoints (SPEC §2).
+"""normplug-tid: TID of BN/PN layers of real fairseq checkpoints (Wang, Wu & Huang 2022).
 
 A tiny BN model is trained once by a real ``fairseq-train`` (shared with
 tests/test_average.py through :func:`trained_bn_run`); the tool runs as a
@@ -17,9 +17,10 @@ import torch
 from conftest import REPO, run_cli, train_args
 
 import normplug  # noqa: F401  (registers the plugin)
-from normplug import analysis
-from normplug.tools import tid as tid_cli
 from normplug.norms import create_norm
+from normplug.tools import tid as tid_cli
+from normplug.tools.common import numbered_checkpoints
+from normplug.tools.tid import TIDMeter, batch_tid
 
 ARCH = "transformer_iwslt_de_en_bn"
 LAYERS = ["enc0.attn", "enc0.ffn"]
@@ -50,7 +51,7 @@ def bn_run(tmp_path_factory, tiny_data):
 
 
 def numbered(save):
-    return analysis.numbered_checkpoints(str(save))
+    return numbered_checkpoints(str(save))
 
 
 # --- the measurement itself, on one layer and hand-built batches -----------------
@@ -89,17 +90,17 @@ def test_batch_tid_of_one_bn_layer_matches_hand_computation():
     mu_hat, var_hat = norm.running_mean.clone(), norm.running_var.clone()
 
     x, pad = _batch(7, 3, C, [7, 4, 2], seed=10, scale=1.5, shift=-0.2)
-    got = analysis.batch_tid(norm, x, pad)
+    tid_mean, tid_var, tokens = batch_tid(norm, x, pad)
     want_mean, want_var, n = _hand_bn_tid(x, pad, mu_hat, var_hat)
-    assert got.tokens == n == 13
-    assert got.tid_mean.item() == pytest.approx(want_mean, rel=1e-5)
-    assert got.tid_var.item() == pytest.approx(want_var, rel=1e-5)
+    assert tokens == n == 13
+    assert tid_mean == pytest.approx(want_mean, rel=1e-5)
+    assert tid_var == pytest.approx(want_var, rel=1e-5)
     # measuring changes nothing
     assert torch.equal(norm.running_mean, mu_hat) and torch.equal(norm.running_var, var_hat)
 
     # The meter: forward pre-hooks, token-weighted over batches, eval forward untouched.
     x2, pad2 = _batch(4, 2, C, [4, 1], seed=11)
-    with analysis.TIDMeter({"layer": norm}) as meter, torch.no_grad():
+    with TIDMeter({"layer": norm}) as meter, torch.no_grad():
         y = norm(x, pad)
         norm(x2, pad2)
         norm(x2[:1, :1], pad2[:1, :1])  # a single real token: no variance, skipped
@@ -123,16 +124,16 @@ def test_batch_tid_of_one_power_layer_matches_hand_computation():
     norm.eval()
     psi2 = norm.running_psi2.clone()
     x, pad = _batch(6, 3, C, [6, 5, 1], seed=7, scale=0.7, shift=0.3)
-    got = analysis.batch_tid(norm, x, pad)
+    tid_mean, tid_var, tokens = batch_tid(norm, x, pad)
     # by hand: group-scale each real token, quadratic mean per channel, no mean statistic
     keep = ~pad.t().reshape(-1)
     z = x.reshape(-1, C)[keep].double().view(-1, G, C // G)
     z = (z / (z.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()).view(-1, C)
     sigma2 = z.pow(2).mean(0)
     want = (psi2.double().sqrt() / sigma2.sqrt() - 1).abs().mean().item()
-    assert got.tid_mean is None
-    assert got.tokens == 12
-    assert got.tid_var.item() == pytest.approx(want, rel=1e-5)
+    assert tid_mean is None
+    assert tokens == 12
+    assert tid_var == pytest.approx(want, rel=1e-5)
 
 
 # --- the console script ----------------------------------------------------------
@@ -154,6 +155,7 @@ def _check_png(path):
     assert 400 <= w <= 4000 and 300 <= h <= 4000, (w, h)
 
 
+@pytest.mark.slow
 def test_one_checkpoint_table_csv_and_bar_chart(bn_run, tiny_data, tmp_path):
     ckpt = bn_run / "checkpoint2.pt"
     out_csv, out_png = tmp_path / "tid.csv", tmp_path / "tid.png"
@@ -175,6 +177,7 @@ def test_one_checkpoint_table_csv_and_bar_chart(bn_run, tiny_data, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["tid.csv", "tid.png"]  # no temporary left
 
 
+@pytest.mark.slow
 def test_several_checkpoints_over_training(bn_run, tiny_data, tmp_path):
     out_csv, out_png = tmp_path / "over.csv", tmp_path / "over.png"
     # given out of order; run as `python -m normplug.tools.tid`
@@ -195,6 +198,7 @@ def test_several_checkpoints_over_training(bn_run, tiny_data, tmp_path):
     assert found == ["checkpoint_1_4.pt", "checkpoint1.pt", "checkpoint_2_12.pt", "checkpoint2.pt"]
 
 
+@pytest.mark.slow
 def test_numbers_equal_an_independent_computation(bn_run, tiny_data, tmp_path, monkeypatch, capsys):
     """The CLI's per-layer TID equals the token-weighted mean, over every batch of
     the split, of the formulas applied by hand to what each BN layer receives."""
@@ -267,6 +271,7 @@ def _expect_error(capsys, argv, *needles):
     return err[0]
 
 
+@pytest.mark.slow
 def test_errors(bn_run, tiny_data, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tid_cli, "configure_logging", lambda verbose: None)
     good = bn_run / "checkpoint1.pt"
@@ -276,7 +281,7 @@ def test_errors(bn_run, tiny_data, tmp_path, monkeypatch, capsys):
     _expect_error(capsys, [no_bn, "--data", tiny_data, *outs], "has no BN/PN layer")
     _expect_error(capsys, [good, "--data", tmp_path / "nodata", *outs], "data directory not found")
     _expect_error(capsys, [good, "--data", tiny_data, "--split", "nosuch", *outs],
-                  "split 'nosuch' not found")
+                  "cannot load split 'nosuch'")
     garbage = tmp_path / "garbage.pt"
     garbage.write_text("not a checkpoint\n")
     _expect_error(capsys, [garbage, *outs], "cannot read checkpoint", "garbage.pt")
@@ -285,6 +290,7 @@ def test_errors(bn_run, tiny_data, tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.pt", "ln.pt"]
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint(bn_run, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tid_cli, "configure_logging", lambda verbose: None)
     data = (bn_run / "checkpoint1.pt").read_bytes()

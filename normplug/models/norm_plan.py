@@ -5,7 +5,7 @@ norm through the registry; the model never looks inside a norm.
 """
 import argparse
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch.nn as nn
 
@@ -71,12 +71,22 @@ def add_norm_args(parser):
     add("--detach-mode", choices=["mean", "std", "both"], help="what DetachNorm detaches (default both)")
     add("--power-warmup", type=_number(int, lambda v: v >= 0, ">= 0"),
         help="PowerNorm warm-up in updates (default: --warmup-updates)")
+    add("--power-final-warmup", type=_number(int, lambda v: v >= 0, ">= 0"),
+        help="warm-up of a PowerNorm at a stack's final norm (default: --power-warmup; "
+             "Shen et al.'s release: 1000)")
     add("--power-alpha-fwd", type=_number(float, lambda v: 0 <= v <= 1, "in [0, 1]"),
         help="PowerNorm forward EMA factor (default 0.9)")
     add("--power-alpha-bkw", type=_number(float, lambda v: 0 <= v <= 1, "in [0, 1]"),
         help="PowerNorm backward EMA factor (default 0.9)")
     add("--power-groups", type=_number(int, lambda v: v > 0, "> 0"),
         help="PowerNorm group-scaling groups (default: attention heads)")
+    add("--attn-init", choices=["fairseq", "kaiming"],
+        help="attention projections: fairseq's Xavier init (default), or kaiming: nn.Linear's "
+             "default weights (kaiming_uniform, a=sqrt(5)) with zero biases, as Xu et al.'s --init_method km")
+    for stack in ("encoder", "decoder"):
+        add(f"--{stack}-ffn-init", choices=["pytorch", "xavier"],
+            help=f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
+                 "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)")
     add("--compile-norms", action="store_true", default=None,
         help="compile every plugin norm with torch.compile (first batches of each shape are slower)")
 
@@ -88,6 +98,7 @@ class NormPlan:
     sites: Dict[Tuple[str, str], str]
     options: Dict[str, object]
     heads: Dict[str, int]
+    final_warmup: Optional[int] = None
 
     @classmethod
     def from_config(cls, cfg) -> "NormPlan":
@@ -99,7 +110,7 @@ class NormPlan:
         if "warmup_updates" not in options and getattr(cfg, "warmup_updates", None):
             options["warmup_updates"] = int(cfg.warmup_updates)  # PowerNorm's warm-up is the lr's
         heads = {"encoder": cfg.encoder.attention_heads, "decoder": cfg.decoder.attention_heads}
-        return cls(sites, options, heads)
+        return cls(sites, options, heads, getattr(cfg, "power_final_warmup", None))
 
     def build(self, stack: str, site: str, dim: int) -> nn.Module:
         name = self.sites[(stack, site)]
@@ -107,6 +118,8 @@ class NormPlan:
         kwargs = {k: v for k, v in self.options.items() if k in accepted}
         if "groups" in accepted:
             kwargs.setdefault("groups", self.heads[stack])
+        if "warmup_updates" in accepted and site == "final" and self.final_warmup is not None:
+            kwargs["warmup_updates"] = self.final_warmup
         try:
             return create_norm(name, dim, **kwargs)
         except NormConfigError as err:

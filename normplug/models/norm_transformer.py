@@ -6,10 +6,11 @@ The layers keep fairseq's attribute names (``self_attn_layer_norm``,
 matches the stock Transformer's. Their forwards are written out here (fairseq 0.12's
 maths) because fairseq calls a norm as ``norm(x)``, without the mask.
 """
+import math
 from typing import Dict, List, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, TransformerModel
@@ -18,6 +19,24 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ..norms import BatchStatNorm, Discrepancy, NormConfigError
 from .norm_plan import NormPlan, add_norm_args
+
+
+def init_attention(attn, scheme):
+    """Re-initialise an attention's projections; ``kaiming`` is Xu et al.'s ``--init_method km``
+    (lancopku/AdaNorm, fairseq/modules/multihead_attention.py): nn.Linear's default weights, zero biases."""
+    if scheme == "kaiming":
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+            nn.init.kaiming_uniform_(proj.weight, a=math.sqrt(5))
+            nn.init.zeros_(proj.bias)
+
+
+def init_ffn(layer, scheme):
+    """Re-initialise a layer's FFN; ``xavier`` is fairseq <= 0.10's ``Linear`` (the papers' releases),
+    ``pytorch`` keeps fairseq 0.12's plain nn.Linear."""
+    if scheme == "xavier":
+        for fc in (layer.fc1, layer.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
 
 
 class _ResidualNorm:
@@ -46,6 +65,8 @@ class NormTransformerEncoderLayer(_ResidualNorm, TransformerEncoderLayerBase):
             raise NormConfigError("norm_transformer does not support return_fc")
         self.self_attn_layer_norm = plan.build("encoder", "attn", self.embed_dim)
         self.final_layer_norm = plan.build("encoder", "ffn", self.embed_dim)
+        init_attention(self.self_attn, getattr(cfg, "attn_init", None))
+        init_ffn(self, getattr(cfg, "encoder_ffn_init", None))
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         if attn_mask is not None:  # as fairseq: a finite large negative keeps fully masked rows finite
@@ -76,6 +97,10 @@ class NormTransformerDecoderLayer(_ResidualNorm, TransformerDecoderLayerBase):
         self.encoder_attn_layer_norm = (plan.build("decoder", "cross_attn", self.embed_dim)
                                         if self.encoder_attn is not None else None)
         self.final_layer_norm = plan.build("decoder", "ffn", self.embed_dim)
+        for attn in (self.self_attn, self.encoder_attn):
+            if attn is not None:
+                init_attention(attn, getattr(cfg, "attn_init", None))
+        init_ffn(self, getattr(cfg, "decoder_ffn_init", None))
 
     def forward(self, x, encoder_out: Optional[Tensor] = None,
                 encoder_padding_mask: Optional[Tensor] = None,

@@ -50,7 +50,7 @@ def real_tokens(x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tens
     if pad_mask.shape != (B, T):
         raise ValueError(f"pad_mask must be B×T = {(B, T)} for x of shape T×B×C "
                          f"(True at padding), got {tuple(pad_mask.shape)}")
-    return ~pad_mask.t().unsqueeze(-1).to(torch.bool)
+    return ~pad_mask.t().unsqueeze(-1).to(torch.bool).contiguous()
 
 
 def masked_sum(t: torch.Tensor, sync: bool) -> torch.Tensor:

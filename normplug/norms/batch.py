@@ -71,7 +71,7 @@ class MaskedBatchNorm(BatchStatNorm):
             mean, var = self.running_mean, self.running_var
         if self.training:
             self._update_running(mean.detach(), var.detach(), count)
-            self._batch_stats = (mean, var)
+        self._batch_stats = (mean, var) if self.training else None
         y = (h - mean) * torch.rsqrt(var + self.eps)
         if self.affine:
             y = y * self.weight + self.bias

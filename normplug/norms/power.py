@@ -36,8 +36,8 @@ class PowerNorm(BatchStatNorm):
 
     Group scaling, then division by the quadratic mean of the real tokens (σ²_B) during
     the first ``warmup_updates`` updates and by its running value ψ² afterwards and at
-    inference; ψ² follows the released update rule. ``set_num_updates`` (called by
-    fairseq after every update) counts the warm-up in updates.
+    inference; ψ² follows the released update rule. The warm-up counts updates:
+    fairseq calls ``set_num_updates`` with the updates done before every training step.
     """
 
     float32_buffers = ("running_psi2", "nu")
@@ -101,10 +101,10 @@ class PowerNorm(BatchStatNorm):
             warm = step <= self.warmup_updates
             inv_fwd = torch.where(warm, inv_bwd, torch.rsqrt(self.running_psi2 + self.eps))
             self._update_psi2(sigma2, step, count > 0)
-            self._batch_stats = (None, sigma2)
             zhat = _ApproximateBackward.apply(z, inv_fwd, inv_bwd, self.nu, n, self.alpha_bkw, sync)
         else:
             zhat = z * torch.rsqrt(self.running_psi2 + self.eps)
+        self._batch_stats = (None, sigma2) if self.training else None
         y = zhat * self.weight + self.bias if self.affine else zhat
         return torch.where(real, y, 0).to(x.dtype)
 
@@ -117,4 +117,6 @@ class PowerNorm(BatchStatNorm):
         t = step.to(psi2.dtype)
         new = torch.where(step < self.warmup_updates, psi2 * (t - 1) / t + sigma2 / t, psi2)
         new = self.alpha_fwd * new + (1 - self.alpha_fwd) * sigma2
-        psi2.copy_(torch.where(has_tokens, new, psi2))
+        # a new tensor, not copy_: torch.compile may recompute inv_fwd in the backward
+        # from the buffer it was read from, and would then read the updated ψ²
+        self.running_psi2 = torch.where(has_tokens, new, psi2)

@@ -72,6 +72,6 @@ def check_option(norm: str, option: str, value, valid: str, ok) -> None:
 
 
 def check_choice(norm: str, option: str, value, choices) -> None:
-    if value not in choices:
+    if not any(type(value) is type(c) and value == c for c in choices):  # 1 is not True here
         raise NormConfigError(f"norm {norm!r}: invalid {option}={value!r}; "
                               f"valid choices: {', '.join(map(str, choices))}")

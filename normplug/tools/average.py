@@ -135,6 +135,7 @@ def reestimate_population_statistics(model, batches, device="cpu") -> int:
         return hook
 
     handles = [m.register_forward_pre_hook(record(name), with_kwargs=True) for name, m in norms.items()]
+    modes = {m: m.training for m in model.modules()}
     count = 0
     try:
         model.eval()
@@ -148,7 +149,8 @@ def reestimate_population_statistics(model, batches, device="cpu") -> int:
         for h in handles:
             h.remove()
         model.load_state_dict(saved)
-        model.eval()
+        for m, mode in modes.items():
+            m.training = mode
     if count == 0:
         raise ToolError("the split gave no batch to re-estimate on")
     with torch.no_grad():

@@ -61,6 +61,17 @@ class LayerTID(NamedTuple):
     tokens: int
 
 
+def batch_tid(norm: BatchStatNorm, x, pad_mask):
+    """(mean TID or None, variance TID, real tokens) of one batch's statistics against the
+    norm's population statistics, or None for fewer than 2 real tokens (no spread)."""
+    n = int(real_tokens(x, pad_mask).sum())
+    if n < 2:
+        return None
+    with torch.no_grad():
+        d = measure_discrepancy(*norm.batch_statistics(x, pad_mask), *norm.population_statistics())
+    return (float(d.tid_mean) if norm.population_statistics()[0] is not None else None), float(d.tid_var), n
+
+
 class TIDMeter:
     """Forward pre-hooks on batch-statistics norms that accumulate their TID per batch,
     token-weighted: Σ_b n_b·TID_b / Σ_b n_b, n_b the layer's real tokens in batch b."""
@@ -73,15 +84,13 @@ class TIDMeter:
     def _hook(self, name):
         def hook(module, args, kwargs):
             x = args[0] if args else kwargs["x"]
-            pad_mask = args[1] if len(args) > 1 else kwargs.get("pad_mask")
-            n = int(real_tokens(x, pad_mask).sum())
-            if n < 2:  # one token has no spread: its TID is not defined
+            measured = batch_tid(module, x, args[1] if len(args) > 1 else kwargs.get("pad_mask"))
+            if measured is None:
                 return
-            with torch.no_grad():
-                d = measure_discrepancy(*module.batch_statistics(x, pad_mask), *module.population_statistics())
+            tid_mean, tid_var, n = measured
             acc = self.sums[name]
-            acc[0] += n * float(d.tid_mean)
-            acc[1] += n * float(d.tid_var)
+            acc[0] += n * (tid_mean or 0.0)
+            acc[1] += n * tid_var
             acc[2] += 1
             acc[3] += n
         return hook
