@@ -11,19 +11,27 @@
 #                          name. Env: <P>_SHA256_FILE.
 #     --work DIR           working folder (default data/<name> in the repository)
 #     --dest DIR           fairseq-preprocess output (default data/data-bin/<name>)
-#     --bpe-size N         joint sentencepiece BPE vocabulary size
-#     --workers N          processes for tokenization and fairseq-preprocess
+#     --bpe TYPE           subword-nmt, sentencepiece or none
+#     --bpe-size N         subword-nmt merges, or sentencepiece vocabulary size
+#     --skip-size-check    go on when the split sizes differ from the published ones
+#     --workers N          processes for the text steps and fairseq-preprocess
 #     --no-binarize        stop before fairseq-preprocess
 #     --force              redo every step
 #   where <P> is the script's prefix (IWSLT14, WMT16, IWSLT15).
 #
-# * Checksums. Where no expected value is given (--sha256, --sha256-file, or a
-#   FILE.sha256 next to a local archive), the first good copy is trusted: after it
-#   passes the integrity test its sha256 is recorded in WORK/archives/NAME.sha256,
-#   and every later fetch of NAME (a re-download, another --archive) must match it.
-#   The upstream hosts publish no checksums, and none can be computed here without
-#   the archives, so pinning on first use is the honest option; pass --sha256 to pin
-#   a value you trust.
+# * Downloads are checked before use: each must be what its step expects (a gzip
+#   or tar archive that `tar -t` reads to the end, or UTF-8 text), not an HTML
+#   error page or a truncated file.
+#
+# * Checksums. Expected values come from --sha256 / --sha256-file / a FILE.sha256
+#   next to a local archive, else from a value the script cites (PL_KNOWN_SHA256,
+#   with the public source of each), else the first good copy is trusted: after it
+#   passes the checks its sha256 is recorded in WORK/archives/NAME.sha256, and
+#   every later fetch of NAME (a re-download, another --archive) must match it.
+#   The sha256 of every source used goes into prepare.json.
+#
+# * Sizes. pl_check_sizes compares the split sizes with the published ones and
+#   stops with both figures unless --skip-size-check is given.
 #
 # * Steps. `pl_step NAME KEY FUNC ARGS...` runs FUNC with $STEP_OUT set to an empty
 #   temporary folder (OUT.tmp next to the step's output folder OUT, WORK/NAME by
@@ -42,6 +50,7 @@
 
 PL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PL_HELPER=$PL_REPO/scripts/prepare_text.py
+declare -A PL_KNOWN_SHA256=() PL_KNOWN_BYTES=()
 
 pl_log() { echo "[$PL_NAME] $*" >&2; }
 
@@ -61,11 +70,12 @@ pl__abs() { realpath -m -- "$1"; }
 # --- options -------------------------------------------------------------------
 
 # The calling script sets PL_NAME, PL_ENV (variable prefix), PL_DEFAULT_URL,
-# PL_BPE_SIZE (default), PL_DEST_NAME, and may define pl_script_option, which
-# handles one script-specific option: it sets PL_SHIFT to the number of words it
-# used and returns 0, or returns 1 for an unknown option.
+# PL_BPE and PL_BPE_SIZE (defaults), PL_DEST_NAME, and may define
+# pl_script_option, which handles one script-specific option: it sets PL_SHIFT to
+# the number of words it used and returns 0, or returns 1 for an unknown option.
 pl_parse_args() {
     local v
+    PL_CMDLINE="scripts/$(basename "$0")${*:+ $*}"
     v=${PL_ENV}_ARCHIVE; PL_ARCHIVE=${!v:-}
     v=${PL_ENV}_URL; PL_URL=${!v:-$PL_DEFAULT_URL}
     v=${PL_ENV}_SHA256; PL_SHA256=${!v:-}
@@ -75,10 +85,13 @@ pl_parse_args() {
     PL_WORKERS=$(nproc 2>/dev/null || echo 1)
     PL_BINARIZE=1
     PL_FORCE=0
+    PL_SKIP_SIZE_CHECK=0
+    PL_SIZE_CHECK="not run"
+    PL_BPE_SIZE_SET=0
     while [ $# -gt 0 ]; do
         case $1 in
             -h|--help) pl_usage; exit 0 ;;
-            --archive|--url|--sha256|--sha256-file|--work|--dest|--bpe-size|--workers)
+            --archive|--url|--sha256|--sha256-file|--work|--dest|--bpe|--bpe-size|--workers)
                 [ $# -ge 2 ] || pl_die "option $1 needs a value (see --help)"
                 case $1 in
                     --archive) PL_ARCHIVE=$2 ;;
@@ -87,11 +100,13 @@ pl_parse_args() {
                     --sha256-file) PL_SHA256_FILE=$2 ;;
                     --work) PL_WORK=$2 ;;
                     --dest) PL_DEST=$2 ;;
-                    --bpe-size) PL_BPE_SIZE=$2 ;;
+                    --bpe) PL_BPE=$2 ;;
+                    --bpe-size) PL_BPE_SIZE=$2; PL_BPE_SIZE_SET=1 ;;
                     --workers) PL_WORKERS=$2 ;;
                 esac
                 shift 2 ;;
             --no-binarize) PL_BINARIZE=0; shift ;;
+            --skip-size-check) PL_SKIP_SIZE_CHECK=1; shift ;;
             --force) PL_FORCE=1; shift ;;
             *)
                 PL_SHIFT=0
@@ -102,7 +117,14 @@ pl_parse_args() {
                 fi ;;
         esac
     done
+    case $PL_BPE in
+        subword-nmt|sentencepiece|none) ;;
+        *) pl_die "--bpe must be subword-nmt, sentencepiece or none, got '$PL_BPE'" ;;
+    esac
     case $PL_BPE_SIZE in ''|*[!0-9]*) pl_die "--bpe-size must be a whole number, got '$PL_BPE_SIZE'" ;; esac
+    if [ "$PL_BPE" != none ] && [ "$PL_BPE_SIZE" -eq 0 ]; then
+        pl_die "--bpe-size must be over 0 for --bpe $PL_BPE (use --bpe none for no BPE)"
+    fi
     case $PL_WORKERS in ''|*[!0-9]*|0) pl_die "--workers must be a positive number, got '$PL_WORKERS'" ;; esac
     if [ -n "$PL_SHA256" ]; then
         PL_SHA256=$(printf '%s' "$PL_SHA256" | tr 'A-F' 'a-f')
@@ -137,8 +159,13 @@ pl__find_python() {
 pl_helper() { "$PL_PY" "$PL_HELPER" "$@"; }
 
 pl_check_python_modules() {
-    "$PL_PY" -c 'import sacremoses, sentencepiece' 2>/dev/null \
-        || pl_die "$PL_PY lacks sacremoses or sentencepiece; run 'make setup' or set PYTHON to a python that has them"
+    local mods="sacremoses regex"
+    case $PL_BPE in
+        subword-nmt) mods="$mods subword_nmt" ;;
+        sentencepiece) mods="$mods sentencepiece" ;;
+    esac
+    "$PL_PY" -c "import ${mods// /, }" 2>/dev/null \
+        || pl_die "$PL_PY lacks one of: $mods; run 'make setup' (or pip install -r requirements.txt), or set PYTHON to a python that has them"
 }
 
 pl_find_fairseq_preprocess() {
@@ -159,7 +186,8 @@ pl_find_fairseq_preprocess() {
 
 pl__on_exit() {
     local rc=$?
-    if [ "$rc" -ne 0 ] && [ -z "${PL_DIED:-}" ] && [ -n "${PL_CURRENT:-}" ]; then
+    # 65: prepare_text.py has printed its own ERROR line
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 65 ] && [ -z "${PL_DIED:-}" ] && [ -n "${PL_CURRENT:-}" ]; then
         echo "ERROR: [$PL_NAME] step $PL_CURRENT failed (exit $rc, see above); it is not marked done, re-run to retry" >&2
     fi
 }
@@ -269,7 +297,8 @@ EOF
     mv -- "$dest.part" "$dest"
 }
 
-# pl__expected_sha256 NAME [LOCAL_PATH]: the expected checksum of NAME, or nothing.
+# pl__expected_sha256 NAME [LOCAL_PATH]: the expected checksum of NAME, or nothing;
+# prints "cited" after it when the value is the one the script cites.
 pl__expected_sha256() {
     local name=$1 path=${2:-} h
     if [ -n "$PL_SHA256" ]; then printf '%s\n' "$PL_SHA256"; return; fi
@@ -278,14 +307,17 @@ pl__expected_sha256() {
         if [ -n "$h" ]; then printf '%s\n' "$h"; return; fi
     fi
     if [ -n "$path" ] && [ -f "$path.sha256" ]; then cut -d' ' -f1 "$path.sha256" | tr 'A-F' 'a-f'; return; fi
+    if [ -n "${PL_KNOWN_SHA256[$name]:-}" ]; then printf '%s cited\n' "${PL_KNOWN_SHA256[$name]}"; return; fi
     if [ -f "$PL_WORK/archives/$name.sha256" ]; then cut -d' ' -f1 "$PL_WORK/archives/$name.sha256"; fi
 }
 
-# pl_verify FILE NAME KIND [DOWNLOADED]: integrity test (KIND tar: `tar -tf`;
-# text: non-empty), then the checksum (or record it on first use). A bad file that
-# was downloaded is moved aside to FILE.bad so that the next run downloads afresh.
+# pl_verify FILE NAME KIND [DOWNLOADED]: is FILE what its step expects (KIND tgz:
+# gzip-compressed tar; tar: any tar; text: UTF-8 text), whole (`tar -t` reads it to
+# the end), of the cited size, with the expected checksum (or record it on first
+# use)? A bad file that was downloaded is moved aside to FILE.bad so that the next
+# run downloads afresh. The checksum goes into $STEP_OUT/sources.sha256.
 pl_verify() {
-    local file=$1 name=$2 kind=$3 downloaded=${4:-0} got want todo err
+    local file=$1 name=$2 kind=$3 downloaded=${4:-0} got want todo err why bytes cited=
     if [ "$downloaded" = 1 ]; then
         todo="it was downloaded from ${PL_SRC_URL:-?} and is now set aside as $file.bad; re-run to download it again, or pass --archive PATH to a good copy"
     else
@@ -295,25 +327,38 @@ pl_verify() {
         if [ "$downloaded" = 1 ]; then mv -f -- "$file" "$file.bad"; fi
         pl_die "$1"
     }
+    [ -s "$file" ] || pl__bad "$file is empty; $todo"
     case $kind in
-        tar)
-            if ! err=$(tar -tf "$file" 2>&1 >/dev/null); then
-                err=$(printf '%s\n' "$err" | grep -v -e 'not recoverable' -e 'Child returned' -e '^[[:space:]]*$' | head -n1 || true)
-                pl__bad "$file is corrupt or not a tar archive (${err:-tar failed}); $todo"
-            fi ;;
-        text)
-            [ -s "$file" ] || pl__bad "$file is empty; $todo" ;;
+        tgz) why=$(pl_helper check-kind "$file" gzip) || pl__bad "$file $why; $todo" ;;
+        tar) why=$(pl_helper check-kind "$file" tar) || pl__bad "$file $why; $todo" ;;
+        text) why=$(pl_helper check-kind "$file" text) || pl__bad "$file $why; $todo" ;;
+        *) pl_die "pl_verify: unknown kind '$kind'" ;;
     esac
-    got=$(pl_helper sha256 "$file")
     want=$(pl__expected_sha256 "$name" "$([ "$downloaded" = 1 ] || printf '%s' "$file")")
+    bytes=$(stat -L -c %s "$file")
+    if [ "${want#* }" = cited ]; then
+        cited=" (the published checksum)"
+        if [ -n "${PL_KNOWN_BYTES[$name]:-}" ] && [ "$bytes" != "${PL_KNOWN_BYTES[$name]}" ]; then
+            pl__bad "$file has $bytes bytes, the published $name has ${PL_KNOWN_BYTES[$name]} bytes (truncated, or another version); $todo"
+        fi
+    fi
+    want=${want%% *}
+    if [ "$kind" = tgz ] || [ "$kind" = tar ]; then
+        if ! err=$(tar -tf "$file" 2>&1 >/dev/null); then
+            err=$(printf '%s\n' "$err" | grep -v -e 'not recoverable' -e 'Child returned' -e '^[[:space:]]*$' | head -n1 || true)
+            pl__bad "$file is corrupt or truncated (${err:-tar cannot read it to the end}); $todo"
+        fi
+    fi
+    got=$(pl_helper sha256 "$file")
     if [ -n "$want" ]; then
-        [ "$got" = "$want" ] || pl__bad "checksum mismatch for $file: sha256 $got, expected $want (corrupt, or another version); $todo, or give the right value with --sha256 (a value pinned on first use is kept in $PL_WORK/archives/$name.sha256)"
+        [ "$got" = "$want" ] || pl__bad "checksum mismatch for $file: sha256 $got, expected $want$cited (corrupt, or another version); $todo, or give the right value with --sha256 (a value pinned on first use is kept in $PL_WORK/archives/$name.sha256)"
         pl_log "sha256 of $name verified ($got)"
     else
         printf '%s  %s\n' "$got" "$name" >"$PL_WORK/archives/$name.sha256.tmp"
         mv -- "$PL_WORK/archives/$name.sha256.tmp" "$PL_WORK/archives/$name.sha256"
         pl_log "sha256 of $name is $got: recorded in $PL_WORK/archives/$name.sha256 (no expected value given; pass --sha256 to pin one)"
     fi
+    printf '%s  %s\n' "$got" "$name" >>"$STEP_OUT/sources.sha256"
 }
 
 # pl_fetch_file NAME URL KIND: put a good copy of NAME in $STEP_OUT (as a link to
@@ -336,11 +381,10 @@ pl_fetch_file() {
     path=$PL_WORK/archives/$name
     if [ ! -f "$path" ]; then
         pl_download "$url" "$path"
-        PL_SRC_URL=$url pl_verify "$path" "$name" "$kind" 1
     else
         pl_log "using the earlier download $path"
-        PL_SRC_URL=$url pl_verify "$path" "$name" "$kind" 1
     fi
+    PL_SRC_URL=$url pl_verify "$path" "$name" "$kind" 1
     ln -s "$path" "$STEP_OUT/$name"
 }
 
@@ -349,9 +393,11 @@ pl_fetch_key() {
     printf 'archive=%s url=%s sha256=%s sha256file=%s' "$PL_ARCHIVE" "$PL_URL" "$PL_SHA256" "$PL_SHA256_FILE"
 }
 
-# pl_extract ARCHIVE: unpack into $STEP_OUT.
+# pl_extract ARCHIVE [SUBDIR]: unpack into $STEP_OUT[/SUBDIR].
 pl_extract() {
-    tar -xf "$1" -C "$STEP_OUT" \
+    local to=$STEP_OUT${2:+/$2}
+    mkdir -p "$to"
+    tar -xf "$1" -C "$to" \
         || pl_die "cannot extract $1 (tar failed: corrupt or truncated archive, or the disk is full); delete it and fetch it again, or pass --archive PATH"
 }
 
@@ -375,59 +421,102 @@ pl_require_files() {  # DIR FILE... : each must exist
 # pl_link SRC DEST: hard link when possible (same file system), else copy.
 pl_link() { ln -f -- "$1" "$2" 2>/dev/null || cp -- "$1" "$2"; }
 
-# --- BPE and binarization -------------------------------------------------------
+pl_check_aligned() { pl_helper check-aligned "$@"; }
 
-# pl_spm_train DIR SRC TGT: joint BPE (size PL_BPE_SIZE) on DIR/train.{SRC,TGT}
-# -> $STEP_OUT/spm.model, spm.vocab
-pl_spm_train() {
-    pl_helper spm-train "$STEP_OUT/spm" "$PL_BPE_SIZE" "$1/train.$2" "$1/train.$3"
+# --- published sizes -------------------------------------------------------------
+
+# pl_check_sizes DIR LANG SPLIT=N|SPLIT=LO-HI ...: DIR/SPLIT.LANG must have N lines
+# (or LO..HI). A mismatch stops the run with both figures, unless --skip-size-check.
+pl_check_sizes() {
+    local dir=$1 lang=$2 spec split want n lo hi bad=() good=()
+    shift 2
+    for spec in "$@"; do
+        split=${spec%%=*}; want=${spec#*=}
+        lo=${want%-*}; hi=${want#*-}
+        n=$(wc -l <"$dir/$split.$lang")
+        if [ "$n" -lt "$lo" ] || [ "$n" -gt "$hi" ]; then
+            bad+=("$split has $n pairs, published $want")
+        else
+            good+=("$split $n")
+        fi
+    done
+    if [ ${#bad[@]} -eq 0 ]; then
+        PL_SIZE_CHECK=passed
+        pl_log "sizes match the published ones: $(IFS=,; echo "${good[*]}")"
+    elif [ "$PL_SKIP_SIZE_CHECK" = 1 ]; then
+        PL_SIZE_CHECK="skipped: $(IFS=';'; echo "${bad[*]}")"
+        pl_log "sizes differ from the published ones ($(IFS=';'; echo "${bad[*]}")); going on (--skip-size-check)"
+    else
+        pl_die "sizes differ from the published ones: $(IFS=';'; echo "${bad[*]}") (in $dir); the source or a step is not the standard one; pass --skip-size-check to accept a deliberate change"
+    fi
 }
 
-# pl_spm_apply DIR MODEL SRC TGT: DIR/{train,valid,test}.{SRC,TGT} -> $STEP_OUT/
-pl_spm_apply() {
-    local dir=$1 model=$2 args=() s l
-    shift 2
+# --- BPE and binarization -------------------------------------------------------
+
+# step_bpe_learn DIR SRC TGT: learn the joint BPE on DIR/train.SRC + DIR/train.TGT
+# (concatenated in that order, as `cat train.SRC train.TGT`)
+# -> $STEP_OUT/code (subword-nmt) or $STEP_OUT/spm.model (sentencepiece)
+step_bpe_learn() {
+    local dir=$1 src=$2 tgt=$3
+    case $PL_BPE in
+        subword-nmt) pl_helper bpe-learn "$STEP_OUT/code" "$PL_BPE_SIZE" "$dir/train.$src" "$dir/train.$tgt" ;;
+        sentencepiece) pl_helper spm-train "$STEP_OUT/spm" "$PL_BPE_SIZE" "$dir/train.$src" "$dir/train.$tgt" ;;
+    esac
+}
+
+# step_bpe_apply DIR SRC TGT: DIR/{train,valid,test}.{SRC,TGT} -> $STEP_OUT/
+step_bpe_apply() {
+    local dir=$1 args=() s l
+    shift
     for s in train valid test; do
         for l in "$@"; do args+=("$dir/$s.$l" "$STEP_OUT/$s.$l"); done
     done
-    pl_helper spm-encode "$model" "${args[@]}"
-    cp -- "$model" "$STEP_OUT/spm.model"
+    case $PL_BPE in
+        subword-nmt)
+            pl_helper bpe-apply "$PL_WORK/bpe-learn/code" "${args[@]}"
+            cp -- "$PL_WORK/bpe-learn/code" "$STEP_OUT/code" ;;
+        sentencepiece)
+            pl_helper spm-encode "$PL_WORK/bpe-learn/spm.model" "${args[@]}"
+            cp -- "$PL_WORK/bpe-learn/spm.model" "$STEP_OUT/spm.model" ;;
+    esac
 }
 
-# pl_binarize DIR SRC TGT [fairseq-preprocess args...]: -> $STEP_OUT
-pl_binarize() {
-    local dir=$1 src=$2 tgt=$3
-    shift 3
+# step_binarize DIR SRC TGT MANIFEST_EXTRA [fairseq-preprocess args...]: -> $STEP_OUT,
+# with the BPE codes or model and prepare.json next to the dictionaries.
+step_binarize() {
+    local dir=$1 src=$2 tgt=$3 extra=$4 lc=${PL_LOWERCASED:-0} f
+    shift 4
     pl_find_fairseq_preprocess
     "$PL_FSP" --source-lang "$src" --target-lang "$tgt" \
         --trainpref "$dir/train" --validpref "$dir/valid" --testpref "$dir/test" \
         --destdir "$STEP_OUT" --joined-dictionary --workers "$PL_WORKERS" "$@" \
         || pl_die "fairseq-preprocess failed on $dir (see its messages above)"
-    if [ -f "$dir/spm.model" ]; then cp -- "$dir/spm.model" "$STEP_OUT/"; fi
-    {
-        echo "made by scripts/prepare-$PL_NAME.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-        echo "source: ${PL_ARCHIVE:-$PL_URL}"
-        cat "$PL_WORK/archives/"*.sha256 2>/dev/null || true
-        echo "text: $dir"
-        for s in train valid test; do echo "$s: $(wc -l <"$dir/$s.$src") pairs"; done
-    } >"$STEP_OUT/prepare-info.txt"
+    for f in code spm.model; do
+        if [ -f "$dir/$f" ]; then cp -- "$dir/$f" "$STEP_OUT/"; fi
+    done
+    pl_helper manifest "$STEP_OUT/prepare.json" --dataset "$PL_DATASET" --bpe "$PL_BPE" \
+        --bpe-size "$PL_BPE_SIZE" --lowercased "$lc" --text-dir "$dir" --src "$src" --tgt "$tgt" \
+        --sources "$PL_WORK/fetch/sources.sha256" --script "$PL_CMDLINE" \
+        --size-check "$PL_SIZE_CHECK" --extra "$extra" || pl_die "cannot write $STEP_OUT/prepare.json"
 }
 
-pl_check_aligned() { pl_helper check-aligned "$@"; }
-
-# pl_bpe_and_binarize DIR SRC TGT [fairseq-preprocess args...]: the common tail of
-# every recipe. With PL_BPE_SIZE > 0: steps spm and bpe on DIR/{train,valid,test};
-# then (unless --no-binarize) step binarize into PL_DEST.
+# pl_bpe_and_binarize DIR SRC TGT MANIFEST_EXTRA [fairseq-preprocess args...]: the
+# common tail of every recipe: steps bpe-learn and bpe on DIR/{train,valid,test}
+# (unless --bpe none, or PL_BPE_APPLIED=1: DIR holds text BPE'd already, with its
+# codes in DIR/code), then (unless --no-binarize) step binarize into PL_DEST.
+# MANIFEST_EXTRA is a JSON object of dataset-specific fields for prepare.json.
 pl_bpe_and_binarize() {
-    local dir=$1 src=$2 tgt=$3 bin_in=$1
-    shift 3
-    if [ "$PL_BPE_SIZE" -gt 0 ]; then
-        pl_step spm "size=$PL_BPE_SIZE" pl_spm_train "$dir" "$src" "$tgt"
-        pl_step bpe "" pl_spm_apply "$dir" "$PL_WORK/spm/spm.model" "$src" "$tgt"
+    local dir=$1 src=$2 tgt=$3 extra=$4 bin_in=$1
+    shift 4
+    if [ "$PL_BPE" != none ] && [ "${PL_BPE_APPLIED:-0}" != 1 ]; then
+        pl_step bpe-learn "type=$PL_BPE size=$PL_BPE_SIZE" step_bpe_learn "$dir" "$src" "$tgt"
+        pl_step bpe "" step_bpe_apply "$dir" "$src" "$tgt"
         bin_in=$PL_WORK/bpe
     fi
     if [ "$PL_BINARIZE" = 1 ]; then
-        pl_step --out "$PL_DEST" binarize "dest=$PL_DEST text=$bin_in args=$*" \
-            pl_binarize "$bin_in" "$src" "$tgt" "$@"
+        pl_step --out "$PL_DEST" binarize "dest=$PL_DEST text=$bin_in args=$* extra=$extra sizes=$PL_SIZE_CHECK" \
+            step_binarize "$bin_in" "$src" "$tgt" "$extra" "$@"
+    else
+        pl_log "--no-binarize: the text for fairseq-preprocess is in $bin_in (no prepare.json is written)"
     fi
 }

@@ -1,5 +1,6 @@
-"""Text steps shared by scripts/prepare-*.sh (run as a file: it imports nothing
-from normplug, so the scripts do not pay for importing torch or fairseq).
+"""Text steps of scripts/prepare-*.sh: line-for-line ports of the upstream scripts
+that made the papers' data, so that no perl, sed or mosesdecoder checkout is needed.
+It imports nothing from normplug (the scripts do not pay for torch or fairseq).
 
     python scripts/prepare_text.py <command> [args]
 
@@ -7,26 +8,41 @@ Commands (each reads whole files and writes whole files; the calling script
 writes into a temporary folder and renames it on success):
 
   sha256 FILE                          print the file's sha256
-  iwslt-train IN OUT [--classic]       IWSLT train.tags.* -> one sentence a line
-  iwslt-xml OUT XML [XML ...]          IWSLT *.xml -> the text of each <seg id="N">,
-                                       the files concatenated in the order given
-  tokenize --lang L IN OUT [IN OUT..]  Moses tokenizer (sacremoses), escaping as
-                                       tokenizer.perl does by default
-  filter-pairs SRC TGT OUT_SRC OUT_TGT keep pairs with MIN <= tokens <= MAX on both
-        [--min 1] [--max 175] [--ratio 1.5]   sides and length ratio <= RATIO
-  lowercase IN OUT [IN OUT ...]
+  check-kind FILE KIND                 is FILE what its step expects (KIND: gzip,
+                                       tar, text, xml)? If not, print what it is
+                                       instead (an HTML page, empty, ...), exit 3
+  iwslt-train IN OUT                   fairseq prepare-iwslt14.sh on train.tags.*
+  iwslt-xml OUT XML [XML ...]          fairseq prepare-iwslt14.sh on the *.xml sets
+  sgm-text IN OUT                      mosesdecoder input-from-sgm.perl
+  tokenize --lang L [--moses V] IN OUT [IN OUT ...]
+                                       mosesdecoder tokenizer.perl -l L
+  clean-corpus SRC TGT OUT_SRC OUT_TGT --min N --max N [--ratio R]
+                                       mosesdecoder clean-corpus-n.perl
+  lowercase IN OUT [IN OUT ...]        mosesdecoder lowercase.perl
   split-every N IN KEEP_OUT EVERY_OUT  lines N, 2N, ... -> EVERY_OUT, others -> KEEP_OUT
+  sanitize-breaks IN OUT [IN OUT ...]  line-breaking characters other than \\n -> space
   check-aligned FILE FILE...           fail unless all files have the same line count
+  bpe-learn CODES MERGES FILE...       subword-nmt learn-bpe -s MERGES on FILE... concatenated
+  bpe-apply CODES IN OUT [IN OUT ...]  subword-nmt apply-bpe -c CODES
   spm-train PREFIX VOCAB FILE...       joint sentencepiece BPE model PREFIX.model
   spm-encode MODEL IN OUT [IN OUT..]   apply it (pieces separated by spaces)
+  manifest OUT [--key value ...]       write prepare.json (see write_manifest)
 
 Every command exits non-zero with a one-line message on bad input.
+Where the upstream script and a Python library disagree, the upstream script
+wins: tests/fixtures/iwslt14-golden/ holds the outputs of fairseq's own
+prepare-iwslt14.sh, and tests/test_prepare.py requires ours to be byte-identical.
 """
 import argparse
+import datetime
 import hashlib
+import itertools
+import json
 import os
 import re
 import sys
+
+import regex  # perl's Unicode character classes (a fairseq dependency, in requirements.txt)
 
 WORKERS = max(1, int(os.environ.get("NORMPLUG_PREPARE_WORKERS", os.cpu_count() or 1)))
 
@@ -35,20 +51,33 @@ class PrepareError(Exception):
     pass
 
 
-def read_lines(path):
+def iter_lines(path):
+    """Lines split on "\\n" only, as perl, sed and awk read them (streamed: the
+    WMT16 training text is 4.5M lines a side)."""
     with open(path, encoding="utf-8", newline="\n") as f:
-        return [line.rstrip("\n").rstrip("\r") for line in f]
+        for line in f:
+            yield line[:-1] if line.endswith("\n") else line
 
 
-# Characters that some readers take as line breaks (Python's universal newlines
-# split on a lone \r): replaced by spaces so both sides stay line-aligned.
-_BREAKS = str.maketrans({c: " " for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+def read_lines(path):
+    return list(iter_lines(path))
+
+
+def chunks(lines, size):
+    batch = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def write_lines(path, lines):
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for line in lines:
-            f.write(line.translate(_BREAKS) + "\n")
+            f.write(line + "\n")
 
 
 def sha256(path):
@@ -59,109 +88,443 @@ def sha256(path):
     return h.hexdigest()
 
 
-# --- IWSLT text extraction ---------------------------------------------------
+# --- what a downloaded file is ----------------------------------------------------
 
-# A metadata line of train.tags.*: it starts with an opening or closing tag,
-# e.g. <url>, <keywords>, <speaker>, <talkid>, <reviewer href=...>, <translator ...>,
-# <doc docid=...>, </doc>. <title> and <description> lines keep their text.
-_TAG_LINE = re.compile(r"^\s*<\s*/?\s*([A-Za-z][A-Za-z0-9_-]*)\b[^>]*>")
-_KEEP_TAGS = ("title", "description")
-_STRIP_TAGS = re.compile(r"<\s*/?\s*(?:title|description)\s*>")
-_CLASSIC_DROP = ("<url>", "<talkid>", "<keywords>")
+def sniff(path):
+    """(kind, description) of a file from its first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if not head:
+        return "empty", "is empty"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip", "is a gzip file"
+    if head[:3] == b"BZh":
+        return "bzip2", "is a bzip2 file"
+    if head[:6] == b"\xfd7zXZ\x00":
+        return "xz", "is an xz file"
+    if head[:4] == b"PK\x03\x04":
+        return "zip", "is a zip archive"
+    if head[257:262] == b"ustar":
+        return "tar", "is a tar archive"
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n").lower()
+    if text.startswith(("<!doctype html", "<html")) or ("<html" in text and "<head" in text):
+        return "html", "is an HTML page (a server's error, login or confirmation page?)"
+    if b"\x00" in head:
+        return "binary", "is binary data"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not just a character cut at the 4096th byte
+            return "binary", "is not UTF-8 text"
+    if text.startswith(("<?xml", "<mteval", "<srcset", "<refset", "<tstset")):
+        return "xml", "is an XML file"
+    return "text", "is plain text"
 
 
-def iwslt_train_lines(lines, classic=False):
-    """Sentences of an IWSLT ``train.tags.*`` file.
+# What each expected kind accepts: a "tar" step unpacks any compressed tar.
+_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}, "xml": {"xml"}}
+_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file",
+          "xml": "an XML file"}
 
-    Default: drop every line that starts with a tag other than <title> and
-    <description> (url, talkid, keywords, speaker, reviewer, translator, doc,
-    ...), and strip the <title>/<description> tags, keeping their text.
-    ``classic``: exactly fairseq's old prepare-iwslt14.sh, which drops only
-    lines containing <url>, <talkid> or <keywords>.
-    """
+
+def check_kind(path, kind):
+    """None if ``path`` is of ``kind``, else a description of what it is."""
+    got, desc = sniff(path)
+    if got in _ACCEPTS[kind]:
+        if kind == "text":  # the whole file, not only its head: a truncated or binary tail
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"is not UTF-8 text (byte {e.start})"
+            if b"\x00" in data:
+                return "holds NUL bytes, not text"
+        return None
+    return f"{desc}, not {_NAMES[kind]}"
+
+
+# --- fairseq examples/translation/prepare-iwslt14.sh -----------------------------------
+
+def iwslt_train_lines(lines):
+    """The training text as fairseq's prepare-iwslt14.sh makes it:
+        grep -v '<url>' | grep -v '<talkid>' | grep -v '<keywords>' |
+        sed -e 's/<title>//g' | sed -e 's/<\\/title>//g' |
+        sed -e 's/<description>//g' | sed -e 's/<\\/description>//g'
+    so every other metadata line (<speaker>, <reviewer ...>, <doc ...>, ...) stays."""
     out = []
     for line in lines:
-        if classic:
-            if any(t in line for t in _CLASSIC_DROP):
-                continue
-        else:
-            m = _TAG_LINE.match(line)
-            if m and m.group(1).lower() not in _KEEP_TAGS:
-                continue
-        out.append(_STRIP_TAGS.sub("", line))
+        if "<url>" in line or "<talkid>" in line or "<keywords>" in line:
+            continue
+        for tag in ("<title>", "</title>", "<description>", "</description>"):
+            line = line.replace(tag, "")
+        out.append(line)
     return out
 
 
-_SEG = re.compile(r'<seg\s+id\s*=\s*"?\s*(\d+)\s*"?\s*>(.*?)</seg>', re.S)
+# GNU sed's \s in a UTF-8 locale (glibc [[:space:]]); only ever next to a tag, and
+# the tokenizer trims Unicode whitespace afterwards anyway.
+_SED_SPACE = "[\t\n\x0b\x0c\r \u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205f\u3000]"
+_SEG_OPEN = re.compile('<seg id="[0-9]*">' + _SED_SPACE + "*")
+_SEG_CLOSE = re.compile(_SED_SPACE + "*</seg>" + _SED_SPACE + "*")
 
 
-def iwslt_xml_segments(text):
-    """Texts of the ``<seg id="N">`` elements, in file order, stripped; the
-    right single quote is replaced by an apostrophe as fairseq's classic script
-    did for the dev/test sets. The text is taken as it stands (no XML
-    unescaping), again as the classic script did."""
-    segs = [m.group(2).strip().replace("\u2019", "'") for m in _SEG.finditer(text)]
-    if not segs:
-        raise PrepareError('no <seg id="N"> elements found')
-    return segs
+def iwslt_xml_lines(lines):
+    """The test text of one IWSLT .xml file as fairseq's prepare-iwslt14.sh makes it:
+        grep '<seg id' | sed -e 's/<seg id="[0-9]*">\\s*//g' |
+        sed -e 's/\\s*<\\/seg>\\s*//g' | sed -e "s/\\’/\\'/g"
+    (no XML unescaping: '&amp;' stays, and the tokenizer escapes its '&' again)."""
+    out = []
+    for line in lines:
+        if "<seg id" not in line:
+            continue
+        line = _SEG_OPEN.sub("", line)
+        line = _SEG_CLOSE.sub("", line)
+        out.append(line.replace("\u2019", "'"))
+    if not out:
+        raise PrepareError('no <seg id="N"> lines found')
+    return out
 
 
-# --- tokenization, cleaning, splitting -------------------------------------
+# --- mosesdecoder scripts/ems/support/input-from-sgm.perl ------------------------------
+
+_SGM_OPEN_END = re.compile(r"<seg[^>]+>\s*$", re.I | re.A)
+_SGM_OPEN = re.compile(r"<seg[^>]+>\s*(.*)\s*$", re.I | re.A | re.S)
+_SGM_SEG = re.compile(r"<seg[^>]+>\s*(.*)\s*</seg>", re.I | re.A | re.S)
+_ASCII_SPACE = re.compile(r"\s+", re.A)
+
+
+def sgm_text(raw):
+    """The segments of an .sgm file, one a line, as input-from-sgm.perl prints them.
+    The perl script reads bytes (no binmode), so \\s is ASCII whitespace; a <seg>
+    continued on later lines is joined without a separator ("chop" drops the
+    newline); lines without a complete <seg ...>...</seg> are skipped."""
+    lines = raw.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [x + "\n" for x in lines]
+    if lines and not raw.endswith("\n"):
+        lines[-1] = lines[-1][:-1] + "\n"  # perl's chop would eat a real character there
+    out = []
+    it = iter(lines)
+    for line in it:
+        line = line[:-1]
+        while _SGM_OPEN_END.search(line):
+            nxt = next(it, None)
+            if nxt is None:
+                break
+            line += nxt[:-1]
+        while _SGM_OPEN.search(line) and not _SGM_SEG.search(line):
+            nxt = next(it, None)
+            if nxt is None:
+                break
+            line += nxt[:-1]
+        m = _SGM_SEG.search(line)
+        if m:
+            out.append(_ASCII_SPACE.sub(" ", m.group(1)).strip(" "))
+    if not out:
+        raise PrepareError("no <seg ...>...</seg> elements found")
+    return out
+
+
+# --- mosesdecoder scripts/tokenizer/tokenizer.perl --------------------------------------
+#
+# A port of tokenize() for tokenizer.perl's defaults (escaping on, no -a, -penn,
+# -protected), languages other than fi/sv/ca/tdt/fr/it/ga/so. sacremoses is close but
+# not identical: it lacks the final-dot rule of mosesdecoder 9fc964da7 (2018-11-07)
+# and splits CJK characters, which perl's \p{IsAlnum} keeps together. Perl's
+# classes are spelled out with the `regex` module's Unicode properties.
+
+# perl's \s on character strings (binmode :utf8); Python's \s adds \x1c-\x1f
+_PERL_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_ALNUM = r"\p{Alphabetic}\p{Nd}"  # \p{IsAlnum}
+_ALPHA = r"\p{Alphabetic}"         # \p{IsAlpha}
+_NUM = r"\p{N}"                    # \p{IsN}
+
+_T = {
+    "blank": regex.compile(f"[{_PERL_WS}]*"),
+    "ws": regex.compile(f"[{_PERL_WS}]+"),
+    "ws1": regex.compile(f"[{_PERL_WS}]"),
+    "junk": regex.compile(r"[\x00-\x1f]"),
+    "spaces": regex.compile(" +"),
+    "special": regex.compile(f"([^{_ALNUM}{_PERL_WS}\\.'`,\\-])"),
+    "multidot": regex.compile(r"\.([\.]+)"),
+    "multidot2": regex.compile(r"DOTMULTI\.([^\.])"),
+    "comma1": regex.compile(f"([^{_NUM}])[,]"),
+    "comma2": regex.compile(f"[,]([^{_NUM}])"),
+    "comma3": regex.compile(f"([{_NUM}])[,]$"),
+    "en1": regex.compile(f"([^{_ALPHA}])[']([^{_ALPHA}])"),
+    "en2": regex.compile(f"([^{_ALPHA}{_NUM}])[']([{_ALPHA}])"),
+    "en3": regex.compile(f"([{_ALPHA}])[']([^{_ALPHA}])"),
+    "en4": regex.compile(f"([{_ALPHA}])[']([{_ALPHA}])"),
+    "en5": regex.compile(f"([{_NUM}])[']([s])"),
+    "word_dot": regex.compile(f"([^{_PERL_WS}]+)\\."),
+    "alpha": regex.compile(f"[{_ALPHA}]"),
+    "lower_start": regex.compile(r"[\p{Lowercase}]"),
+    "digit_start": regex.compile("[0-9]+"),
+    "dot_quote": regex.compile(r"\.' ?$"),
+}
+_ESCAPES = (("&", "&amp;"), ("|", "&#124;"), ("<", "&lt;"), (">", "&gt;"), ("'", "&apos;"),
+            ('"', "&quot;"), ("[", "&#91;"), ("]", "&#93;"))
+
+# Which mosesdecoder the tokenizer reproduces. "current": the HEAD that fairseq's
+# prepare-iwslt14.sh clones (75d4c672e, 2021). "2017": the one google/seq2seq's
+# wmt16_en_de.sh cloned in 2017, before 9fc964da7 ("split final dots
+# unconditionally", 2018-11-07) and 4da86c360 ("rupees": 'Rs' an English
+# nonbreaking prefix, 2019-11-05); nothing else in tokenizer.perl or the de/en
+# prefix files changed in between.
+MOSES_VERSIONS = ("current", "2017")
+
+
+def _nonbreaking_prefixes(lang, moses):
+    # sacremoses ships mosesdecoder's share/nonbreaking_prefixes files (for de and
+    # en identical to mosesdecoder HEAD); parsed as tokenizer.perl's load_prefixes.
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    nb = NonbreakingPrefixes()
+    try:
+        items = list(nb.words(lang))
+    except Exception:
+        items = list(nb.words("en"))  # tokenizer.perl falls back to English
+    prefixes = {}
+    for item in items:
+        m = re.match(r"(.*)[\s]+(#NUMERIC_ONLY#)", item)
+        if m:
+            prefixes[m.group(1)] = 2
+        elif item and not item.startswith("#"):
+            prefixes[item] = 1
+    if moses == "2017" and lang == "en":
+        prefixes.pop("Rs", None)
+    return prefixes
+
+
+class MosesTokenizer:
+    """tokenizer.perl -l LANG (escaping on), one line at a time."""
+
+    def __init__(self, lang, moses="current"):
+        if lang in ("fi", "sv", "ca", "tdt", "fr", "it", "ga", "so"):
+            raise PrepareError(f"tokenize: language '{lang}' has rules this port does not carry")
+        if moses not in MOSES_VERSIONS:
+            raise PrepareError(f"tokenize: --moses must be one of {MOSES_VERSIONS}")
+        self.lang = lang
+        self.final_dot = moses == "current"
+        self.prefixes = _nonbreaking_prefixes(lang, moses)
+
+    def __call__(self, line):
+        t = _T
+        if t["blank"].fullmatch(line):  # /^\s*$/: printed as it is
+            return line
+        text = t["ws"].sub(" ", " " + line + " ")
+        text = t["junk"].sub("", text)
+        text = t["spaces"].sub(" ", text)
+        text = text[1:] if text.startswith(" ") else text
+        text = text[:-1] if text.endswith(" ") else text
+        text = t["special"].sub(r" \1 ", text)
+        text = t["multidot"].sub(r" DOTMULTI\1", text)
+        while "DOTMULTI." in text:
+            text = t["multidot2"].sub(r"DOTDOTMULTI \1", text)
+            text = text.replace("DOTMULTI.", "DOTDOTMULTI")
+        text = t["comma1"].sub(r"\1 , ", text)
+        text = t["comma2"].sub(r" , \1", text)
+        text = t["comma3"].sub(r"\1 ,", text)
+        if self.lang == "en":
+            text = t["en1"].sub(r"\1 ' \2", text)
+            text = t["en2"].sub(r"\1 ' \2", text)
+            text = t["en3"].sub(r"\1 ' \2", text)
+            text = t["en4"].sub(r"\1 '\2", text)
+            text = t["en5"].sub(r"\1 '\2", text)
+        else:
+            text = text.replace("'", " ' ")
+        text = self._words(text)
+        text = t["spaces"].sub(" ", text)
+        text = text[1:] if text.startswith(" ") else text
+        text = text[:-1] if text.endswith(" ") else text
+        text = t["dot_quote"].sub(" . ' ", text, count=1)
+        while "DOTDOTMULTI" in text:
+            text = text.replace("DOTDOTMULTI", "DOTMULTI.")
+        text = text.replace("DOTMULTI", ".")
+        for a, b in _ESCAPES:
+            text = text.replace(a, b)
+        return text
+
+    def _words(self, text):
+        # perl: split(/\s/, $text) keeps empty fields between two spaces (they are
+        # the "next word" of the one before) and drops trailing empty fields.
+        words = _T["ws1"].split(text)
+        while words and words[-1] == "":
+            words.pop()
+        last = len(words) - 1
+        out = []
+        for i, word in enumerate(words):
+            m = _T["word_dot"].fullmatch(word)
+            if m:
+                pre = m.group(1)
+                nxt = words[i + 1] if i < last else None
+                if self.final_dot and i == last:
+                    word = pre + " ."
+                elif (("." in pre and _T["alpha"].search(pre)) or self.prefixes.get(pre) == 1
+                      or (nxt is not None and _T["lower_start"].match(nxt))):
+                    pass
+                elif self.prefixes.get(pre) == 2 and nxt is not None and _T["digit_start"].match(nxt):
+                    pass
+                else:
+                    word = pre + " ."
+            out.append(word + " ")
+        return "".join(out)
+
 
 _TOK = {}
 
 
 def _tokenize_chunk(args):
-    lang, lines = args
-    tok = _TOK.get(lang)
+    lang, moses, lines = args
+    tok = _TOK.get((lang, moses))
     if tok is None:
-        from sacremoses import MosesTokenizer
-
-        tok = _TOK[lang] = MosesTokenizer(lang=lang)
-    return [tok.tokenize(line, escape=True, return_str=True) if line.strip() else "" for line in lines]
+        tok = _TOK[(lang, moses)] = MosesTokenizer(lang, moses)
+    return [tok(line) for line in lines]
 
 
-def tokenize_lines(lines, lang, workers=WORKERS):
-    """Moses tokenization (tokenizer.perl -l LANG with its defaults: escaping on,
-    no aggressive hyphen splitting)."""
-    chunk = 2000
-    if workers <= 1 or len(lines) < 2 * chunk:
-        return _tokenize_chunk((lang, lines))
+def _parallel(func, jobs, workers):
+    """func over an iterable of jobs (each returning a list), results in order."""
+    if workers <= 1:
+        for job in jobs:
+            yield from func(job)
+        return
     import multiprocessing as mp
 
-    jobs = [(lang, lines[i:i + chunk]) for i in range(0, len(lines), chunk)]
-    out = []
     with mp.get_context("fork").Pool(workers) as pool:
-        for part in pool.imap(_tokenize_chunk, jobs):
-            out.extend(part)
-    return out
+        for part in pool.imap(func, jobs):
+            yield from part
 
 
-def filter_pairs(src, tgt, min_len=1, max_len=175, ratio=1.5):
-    """Indices of the pairs that clean-corpus-n.perl MIN MAX -ratio RATIO keeps:
-    both sides have MIN..MAX whitespace tokens and neither is more than RATIO
-    times longer than the other."""
-    if len(src) != len(tgt):
-        raise PrepareError(f"sides differ in length: {len(src)} vs {len(tgt)} lines")
-    keep = []
-    for i, (s, t) in enumerate(zip(src, tgt)):
-        ns, nt = len(s.split()), len(t.split())
-        if ns < min_len or nt < min_len or ns > max_len or nt > max_len:
+def tokenize_lines(lines, lang, moses="current", workers=WORKERS, chunk=2000):
+    """An iterator of the tokenized ``lines`` (any iterable)."""
+    MosesTokenizer(lang, moses)  # fail early on a bad language
+    return _parallel(_tokenize_chunk, ((lang, moses, c) for c in chunks(lines, chunk)), workers)
+
+
+# --- mosesdecoder scripts/training/clean-corpus-n.perl ----------------------------------
+
+def clean_pairs(pairs, min_len, max_len, ratio=9.0, max_word_length=1000):
+    """clean-corpus-n.perl [-ratio R] corpus src tgt out MIN MAX over (src, tgt)
+    pairs: yields the kept pairs, *normalized* as the perl script writes them ('|'
+    removed unless the first pair has one, whitespace runs to one space, trimmed);
+    a pair is dropped if a side is empty, has fewer than MIN or more than MAX
+    words, is more than R times longer than the other, or has a word over 1000
+    characters."""
+    pairs = iter(pairs)
+    first = next(pairs, None)
+    if first is None:
+        return
+    factored = "|" in first[0] or "|" in first[1]
+    long_word = regex.compile(f"[^{_PERL_WS}|]{{{max_word_length + 1}}}")
+
+    def norm(x):
+        if not factored:
+            x = x.replace("|", "")
+        x = _T["ws"].sub(" ", x)
+        x = x[1:] if x.startswith(" ") else x
+        return x[:-1] if x.endswith(" ") else x
+
+    for f, e in itertools.chain([first], pairs):
+        f, e = norm(f), norm(e)
+        if not f or not e:
             continue
-        if ns > ratio * nt or nt > ratio * ns:
+        fc, ec = len(f.split(" ")), len(e.split(" "))
+        if ec > max_len or fc > max_len or ec < min_len or fc < min_len:
             continue
-        keep.append(i)
-    return keep
+        if ec / fc > ratio or fc / ec > ratio:
+            continue
+        if long_word.search(e) or long_word.search(f):
+            continue
+        yield f, e
+
+
+def zip_aligned(a, b, name_a, name_b):
+    """zip of two line iterators that fails if one ends first (clean-corpus-n.perl:
+    'is too short!' / 'is too long!')."""
+    end = object()
+    for x, y in itertools.zip_longest(a, b, fillvalue=end):
+        if x is end or y is end:
+            raise PrepareError(f"{name_a} and {name_b} differ in length")
+        yield x, y
+
+
+def clean_corpus(src, tgt, min_len, max_len, ratio=9.0):
+    """clean_pairs on two lists: (kept src lines, kept tgt lines)."""
+    kept = list(clean_pairs(zip_aligned(src, tgt, "source", "target"), min_len, max_len, ratio))
+    return [f for f, _ in kept], [e for _, e in kept]
+
+
+# --- mosesdecoder scripts/tokenizer/lowercase.perl --------------------------------------
+
+def perl_lc(line):
+    """perl's lc(): Unicode full lowercase mapping, but no final-sigma rule (Python's
+    str.lower() writes a word-final capital sigma as 'ς', perl as 'σ')."""
+    return line.replace("\u03a3", "\u03c3").lower()
 
 
 def split_every(lines, n):
-    """(kept, every): lines number n, 2n, 3n, ... (1-based) go to ``every``."""
+    """(kept, every): awk 'NR%n != 0' and awk 'NR%n == 0'."""
     kept = [x for i, x in enumerate(lines, 1) if i % n]
     every = [x for i, x in enumerate(lines, 1) if not i % n]
     return kept, every
 
 
-# --- sentencepiece -----------------------------------------------------------
+# Characters other than \n that some readers take as line breaks (fairseq reads
+# text with Python's universal newlines, subword-nmt with str.splitlines): in text
+# that is not tokenized (the Stanford En-Vi files) they would shift one side.
+_BREAKS = str.maketrans({c: " " for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+# --- subword-nmt ------------------------------------------------------------------------
+
+class _Cat:
+    """`cat FILE...` as the text stream learn_bpe reads line by line (it takes the
+    name '<stdin>' to mean: read sequentially). Our files end with a newline, so
+    chaining their lines is what `cat` gives, without a copy of WMT16's 2.6 GB."""
+
+    name = "<stdin>"
+
+    def __init__(self, files):
+        self.files = files
+
+    def __iter__(self):
+        for f in self.files:
+            yield from iter_lines(f)
+
+
+def bpe_learn(codes, merges, files):
+    """subword-nmt learn-bpe -s MERGES < cat FILE... > CODES (min frequency 2)."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    with open(codes, "w", encoding="utf-8", newline="\n") as fout:
+        learn_bpe(_Cat(files), fout, int(merges), min_frequency=2)
+
+
+_BPE = {}
+
+
+def _bpe_chunk(args):
+    codes, lines = args
+    bpe = _BPE.get(codes)
+    if bpe is None:
+        from subword_nmt.apply_bpe import BPE
+
+        with open(codes, encoding="utf-8", newline="\n") as f:
+            bpe = _BPE[codes] = BPE(f)
+    # process_line keeps leading/trailing whitespace exactly as apply_bpe.py does
+    # with the line it reads (newline included)
+    return [bpe.process_line(line + "\n")[:-1] for line in lines]
+
+
+def bpe_apply(codes, lines, workers=WORKERS, chunk=5000):
+    """subword-nmt apply-bpe -c CODES (separator '@@', no vocabulary filter): an
+    iterator of the segmented ``lines``."""
+    return _parallel(_bpe_chunk, ((codes, c) for c in chunks(lines, chunk)), workers)
+
+
+# --- sentencepiece (--bpe sentencepiece) ---------------------------------------------
 
 def spm_train(prefix, vocab_size, files, max_sentences=4_000_000, seed=1):
     """Joint BPE over ``files``. Identity normalization, so pieces decode back
@@ -208,31 +571,91 @@ def spm_encode(model, lines):
     return out
 
 
-# --- command line ------------------------------------------------------------
+# --- prepare.json -------------------------------------------------------------------
+
+# The value a config must pass to fairseq-generate --remove-bpe for each BPE type.
+REMOVE_BPE = {"subword-nmt": "@@ ", "sentencepiece": "sentencepiece", "none": None}
+
+
+def count_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def write_manifest(out, dataset, bpe, bpe_size, lowercased, text_dir, src, tgt, sources,
+                   script, size_check="", extra=None):
+    """prepare.json, next to the binarized data: what was made and from what."""
+    if bpe not in REMOVE_BPE:
+        raise PrepareError(f"manifest: unknown bpe type '{bpe}'")
+    sizes = {s: count_lines(os.path.join(text_dir, f"{s}.{src}")) for s in ("train", "valid", "test")}
+    sums = {}
+    if sources and os.path.exists(sources):
+        for line in read_lines(sources):
+            if line.strip():
+                h, name = line.split(None, 1)
+                sums[name.strip()] = h
+    info = {
+        "dataset": dataset,
+        "source_lang": src,
+        "target_lang": tgt,
+        "bpe": bpe,
+        "bpe_size": int(bpe_size) if bpe != "none" else None,
+        "remove_bpe": REMOVE_BPE[bpe],
+        "lowercased": bool(lowercased),
+        "sizes": sizes,
+        "size_check": size_check,
+        "sources": sums,
+        "script": script,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    info.update(extra or {})
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+# --- command line ------------------------------------------------------------------
+
+# Exit status after an "ERROR: ..." line was printed (the calling script adds none).
+REPORTED = 65
+
+
+def _pairs(ap, a):
+    if len(a.pairs) % 2:
+        ap.error(f"{a.cmd}: expects IN OUT pairs, got an odd number of paths")
+    return list(zip(a.pairs[0::2], a.pairs[1::2]))
+
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="prepare.py", description="text steps of scripts/prepare-*.sh")
+    ap = argparse.ArgumentParser(prog="prepare_text.py", description="text steps of scripts/prepare-*.sh")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("sha256")
     p.add_argument("file")
+    p = sub.add_parser("check-kind")
+    p.add_argument("file")
+    p.add_argument("kind", choices=sorted(_ACCEPTS))
     p = sub.add_parser("iwslt-train")
     p.add_argument("inp")
     p.add_argument("out")
-    p.add_argument("--classic", action="store_true")
     p = sub.add_parser("iwslt-xml")
     p.add_argument("out")
     p.add_argument("xml", nargs="+")
+    p = sub.add_parser("sgm-text")
+    p.add_argument("inp")
+    p.add_argument("out")
     p = sub.add_parser("tokenize")
     p.add_argument("--lang", required=True)
+    p.add_argument("--moses", default="current", choices=MOSES_VERSIONS)
     p.add_argument("pairs", nargs="+", metavar="IN OUT")
-    p = sub.add_parser("filter-pairs")
+    p = sub.add_parser("clean-corpus")
     for name in ("src", "tgt", "out_src", "out_tgt"):
         p.add_argument(name)
-    p.add_argument("--min", type=int, default=1)
-    p.add_argument("--max", type=int, default=175)
-    p.add_argument("--ratio", type=float, default=1.5)
-    p = sub.add_parser("lowercase")
-    p.add_argument("pairs", nargs="+", metavar="IN OUT")
+    p.add_argument("--min", type=int, required=True)
+    p.add_argument("--max", type=int, required=True)
+    p.add_argument("--ratio", type=float, default=9.0)  # clean-corpus-n.perl's default
+    for name in ("lowercase", "sanitize-breaks"):
+        p = sub.add_parser(name)
+        p.add_argument("pairs", nargs="+", metavar="IN OUT")
     p = sub.add_parser("split-every")
     p.add_argument("n", type=int)
     p.add_argument("inp")
@@ -240,6 +663,13 @@ def main(argv=None):
     p.add_argument("every_out")
     p = sub.add_parser("check-aligned")
     p.add_argument("files", nargs="+")
+    p = sub.add_parser("bpe-learn")
+    p.add_argument("codes")
+    p.add_argument("merges", type=int)
+    p.add_argument("files", nargs="+")
+    p = sub.add_parser("bpe-apply")
+    p.add_argument("codes")
+    p.add_argument("pairs", nargs="+", metavar="IN OUT")
     p = sub.add_parser("spm-train")
     p.add_argument("prefix")
     p.add_argument("vocab_size", type=int)
@@ -247,75 +677,115 @@ def main(argv=None):
     p = sub.add_parser("spm-encode")
     p.add_argument("model")
     p.add_argument("pairs", nargs="+", metavar="IN OUT")
+    p = sub.add_parser("manifest")
+    p.add_argument("out")
+    for name in ("dataset", "bpe", "bpe-size", "text-dir", "src", "tgt", "sources", "script", "size-check"):
+        p.add_argument(f"--{name}", required=name not in ("sources", "size-check"))
+    p.add_argument("--lowercased", type=int, choices=(0, 1), required=True)
+    p.add_argument("--extra", default="{}", help="JSON object merged into the manifest")
     a = ap.parse_args(argv)
-    pairs = list(zip(a.pairs[0::2], a.pairs[1::2])) if hasattr(a, "pairs") else []
-    if hasattr(a, "pairs") and len(a.pairs) % 2:
-        ap.error(f"{a.cmd}: expects IN OUT pairs, got an odd number of paths")
+    if not hasattr(a, "inp"):
+        a.inp = ""  # the file named in a UnicodeDecodeError message
 
     try:
         if a.cmd == "sha256":
             print(sha256(a.file))
+        elif a.cmd == "check-kind":
+            why = check_kind(a.file, a.kind)
+            if why:
+                print(why)
+                return 3
         elif a.cmd == "iwslt-train":
-            write_lines(a.out, iwslt_train_lines(read_lines(a.inp), classic=a.classic))
+            write_lines(a.out, iwslt_train_lines(read_lines(a.inp)))
         elif a.cmd == "iwslt-xml":
             segs, counts = [], []
             for xml in a.xml:
                 a.inp = xml
-                with open(xml, encoding="utf-8") as f:
-                    try:
-                        these = iwslt_xml_segments(f.read())
-                    except PrepareError as e:
-                        raise PrepareError(f"{xml}: {e}")
+                try:
+                    these = iwslt_xml_lines(read_lines(xml))
+                except PrepareError as e:
+                    raise PrepareError(f"{xml}: {e}")
                 segs += these
                 counts.append(f"{os.path.basename(xml)}={len(these)}")
             write_lines(a.out, segs)
             print("iwslt-xml: " + " ".join(counts), file=sys.stderr)
+        elif a.cmd == "sgm-text":
+            with open(a.inp, encoding="utf-8", newline="") as f:
+                try:
+                    write_lines(a.out, sgm_text(f.read()))
+                except PrepareError as e:
+                    raise PrepareError(f"{a.inp}: {e}")
         elif a.cmd == "tokenize":
-            for inp, out in pairs:
+            for inp, out in _pairs(ap, a):
                 a.inp = inp
-                write_lines(out, tokenize_lines(read_lines(inp), a.lang))
-        elif a.cmd == "filter-pairs":
-            src, tgt = read_lines(a.src), read_lines(a.tgt)
-            try:
-                keep = filter_pairs(src, tgt, a.min, a.max, a.ratio)
-            except PrepareError as e:
-                raise PrepareError(f"{a.src} / {a.tgt}: {e}")
-            write_lines(a.out_src, [src[i] for i in keep])
-            write_lines(a.out_tgt, [tgt[i] for i in keep])
-            print(f"filter-pairs: kept {len(keep)} of {len(src)} pairs", file=sys.stderr)
+                write_lines(out, tokenize_lines(iter_lines(inp), a.lang, a.moses))
+        elif a.cmd == "clean-corpus":
+            a.inp = a.src
+            n_in = n_out = 0
+
+            def counted(pairs):
+                nonlocal n_in
+                for pair in pairs:
+                    n_in += 1
+                    yield pair
+
+            pairs = counted(zip_aligned(iter_lines(a.src), iter_lines(a.tgt), a.src, a.tgt))
+            with open(a.out_src, "w", encoding="utf-8", newline="\n") as fs, \
+                    open(a.out_tgt, "w", encoding="utf-8", newline="\n") as ft:
+                for f, e in clean_pairs(pairs, a.min, a.max, a.ratio):
+                    fs.write(f + "\n")
+                    ft.write(e + "\n")
+                    n_out += 1
+            print(f"clean-corpus: kept {n_out} of {n_in} pairs", file=sys.stderr)
         elif a.cmd == "lowercase":
-            for inp, out in pairs:
+            for inp, out in _pairs(ap, a):
                 a.inp = inp
-                write_lines(out, [x.lower() for x in read_lines(inp)])
+                write_lines(out, (perl_lc(x) for x in iter_lines(inp)))
+        elif a.cmd == "sanitize-breaks":
+            for inp, out in _pairs(ap, a):
+                a.inp = inp
+                lines = read_lines(inp)
+                fixed = [x.translate(_BREAKS) for x in lines]
+                n = sum(x != y for x, y in zip(lines, fixed))
+                if n:
+                    print(f"sanitize-breaks: {inp}: {n} lines held line-breaking characters "
+                          "other than \\n (now spaces)", file=sys.stderr)
+                write_lines(out, fixed)
         elif a.cmd == "split-every":
             kept, every = split_every(read_lines(a.inp), a.n)
             write_lines(a.keep_out, kept)
             write_lines(a.every_out, every)
         elif a.cmd == "check-aligned":
-            counts = []
-            for f in a.files:
-                with open(f, "rb") as fh:
-                    counts.append(sum(1 for _ in fh))
+            counts = [count_lines(f) for f in a.files]
             if len(set(counts)) != 1:
                 raise PrepareError(
                     "files are not line-aligned: "
                     + ", ".join(f"{f} has {c} lines" for f, c in zip(a.files, counts))
                 )
+        elif a.cmd == "bpe-learn":
+            bpe_learn(a.codes, a.merges, a.files)
+        elif a.cmd == "bpe-apply":
+            for inp, out in _pairs(ap, a):
+                a.inp = inp
+                write_lines(out, bpe_apply(a.codes, iter_lines(inp)))
         elif a.cmd == "spm-train":
             spm_train(a.prefix, a.vocab_size, a.files)
         elif a.cmd == "spm-encode":
-            for inp, out in pairs:
+            for inp, out in _pairs(ap, a):
                 a.inp = inp
                 write_lines(out, spm_encode(a.model, read_lines(inp)))
+        elif a.cmd == "manifest":
+            write_manifest(a.out, a.dataset, a.bpe, a.bpe_size, a.lowercased, a.text_dir,
+                           a.src, a.tgt, a.sources, a.script, a.size_check or "", json.loads(a.extra))
     except PrepareError as e:
         print(f"ERROR: {e}", file=sys.stderr)
-        return 1
+        return REPORTED
     except UnicodeDecodeError as e:
-        print(f"ERROR: {getattr(a, 'inp', '')}: not UTF-8 text ({e})", file=sys.stderr)
-        return 1
+        print(f"ERROR: {a.inp}: not UTF-8 text ({e})", file=sys.stderr)
+        return REPORTED
     except FileNotFoundError as e:
         print(f"ERROR: {e.filename}: no such file", file=sys.stderr)
-        return 1
+        return REPORTED
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv/ at the repository root and install normplug with its stack:
 # torch (CPU build unless an NVIDIA GPU is present), the fairseq build that
-# imports on this Python (SPEC §5), and the runtime and test requirements.
+# imports on this Python (fairseq-fixed on 3.11+), and the runtime and test requirements.
 # Idempotent: a second run with everything in place returns in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."

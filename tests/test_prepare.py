@@ -1,15 +1,25 @@
-"""scripts/prepare-*.sh on small archives in the upstream layouts, built here.
+"""scripts/prepare-*.sh and scripts/prepare_text.py.
 
-Every sentence carries a pair id (``x0042`` / ``ytst2010s3`` ...) on both sides,
-so alignment, filtering, the valid split and the test concatenation can be
-checked line by line. Nothing is downloaded: the archives are local, and the one
-URL test points at a closed local port.
+* The golden test: tests/fixtures/iwslt14-golden/ holds a small archive in the
+  IWSLT14 layout and what fairseq's own examples/translation/prepare-iwslt14.sh
+  (with mosesdecoder's perl scripts and subword-nmt) made of it; our script must
+  give byte-identical tokenized and BPE text (see the fixture's README).
+* Unit tests of the ports in prepare_text.py hold expected values taken from the
+  upstream perl scripts (tokenizer.perl at two mosesdecoder commits,
+  input-from-sgm.perl, clean-corpus-n.perl, lowercase.perl), run once by hand.
+* The other tests build small archives in the upstream layouts here (tgz with
+  de-en/, XML with <seg id>, sgm, plain text). Every sentence carries a pair id
+  (``x0042`` / ``ytst2010s3`` ...) on both sides, so alignment, filtering, the
+  valid split and the test concatenation can be checked line by line. Nothing is
+  downloaded: the archives are local, and the one URL test points at a closed
+  local port.
 """
+import gzip
 import hashlib
 import io
+import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -17,8 +27,11 @@ from pathlib import Path
 
 import pytest
 
+import prepare_text as pt
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
+GOLDEN = REPO / "tests" / "fixtures" / "iwslt14-golden"
 BIN = Path(sys.executable).parent
 HAVE_FAIRSEQ = (BIN / "fairseq-preprocess").exists()
 needs_fairseq = pytest.mark.skipif(not HAVE_FAIRSEQ, reason="fairseq-preprocess not installed next to python")
@@ -40,6 +53,10 @@ def run(script, *args, env=None, timeout=120):
     )
 
 
+def errors(r):
+    return [x for x in r.stderr.splitlines() if x.startswith("ERROR")]
+
+
 def lines(path):
     return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
 
@@ -50,7 +67,7 @@ def sha(path):
 
 def markers(work):
     state = Path(work) / ".state"
-    return sorted(p.name for p in state.glob("*.done")) if state.exists() else []
+    return sorted(p.name[:-5] for p in state.glob("*.done")) if state.exists() else []
 
 
 def ids(line):
@@ -58,14 +75,177 @@ def ids(line):
 
 
 def add_file(tar, name, text):
-    data = text.encode("utf-8")
+    data = text.encode("utf-8") if isinstance(text, str) else text
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mtime = 1_400_000_000
+    info.mode = 0o644
     tar.addfile(info, io.BytesIO(data))
 
 
-# --- IWSLT14 ---------------------------------------------------------------------
+def make_tgz(path, files):
+    """A gzip'd tar of {name: text}, byte-for-byte the same on every run."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in sorted(files):
+            add_file(tar, name, files[name])
+    Path(path).write_bytes(gzip.compress(buf.getvalue(), mtime=0))
+    return path
+
+
+def folder_tgz(path, root, prefix=""):
+    """make_tgz of every file under root, named prefix + its path under root."""
+    root = Path(root)
+    return make_tgz(path, {prefix + str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()})
+
+
+# --- the ports, against values from the upstream perl scripts ----------------------
+
+# (line, tokenizer.perl -l de at mosesdecoder HEAD 75d4c672e, at 9fc964da7^ (2017))
+TOKENIZER_DE = [
+    ("Ich traf Dr. Müller in den U.S.A.", "Ich traf Dr. Müller in den U.S.A .", "Ich traf Dr. Müller in den U.S.A."),
+    ("Das ist Nr. 5 und Nr. 6.", "Das ist Nr. 5 und Nr. 6 .", "Das ist Nr. 5 und Nr. 6."),
+    ("Er sah Bd. 3 und S. 12.", "Er sah Bd . 3 und S. 12 .", "Er sah Bd . 3 und S. 12."),
+    ("Auf Chinesisch 中文 und 日本語.", "Auf Chinesisch 中文 und 日本語 .", "Auf Chinesisch 中文 und 日本語 ."),
+    ("„Hallo“, sagte er – & ging <weg>.", "„ Hallo “ , sagte er – &amp; ging &lt; weg &gt; .",
+     "„ Hallo “ , sagte er – &amp; ging &lt; weg &gt; ."),
+    ("Steuer\x01zeichen a\x1cb\tund  nbsp\u00a0hier", "Steuerzeichen ab und nbsp hier", "Steuerzeichen ab und nbsp hier"),
+    ("Das... ist ... so.... ja 5,300 und 3,5", "Das ... ist ... so .... ja 5,300 und 3,5",
+     "Das ... ist ... so .... ja 5,300 und 3,5"),
+    ("Jörg's | [x]", "Jörg &apos; s &#124; &#91; x &#93;", "Jörg &apos; s &#124; &#91; x &#93;"),
+    ("   ", "   ", "   "),
+]
+TOKENIZER_EN = [
+    ("So am I.", "So am I .", "So am I."),
+    ("It's a '90s thing, isn't it?", "It &apos;s a &apos; 90s thing , isn &apos;t it ?",
+     "It &apos;s a &apos; 90s thing , isn &apos;t it ?"),
+    ("Rock 'n' roll in the 1990's.", "Rock &apos; n &apos; roll in the 1990 &apos;s .",
+     "Rock &apos; n &apos; roll in the 1990 &apos;s ."),
+    ("O'Neil said 'hi.'", "O &apos;Neil said &apos; hi . &apos; ", "O &apos;Neil said &apos; hi . &apos; "),
+    ("Rs. 500 and Rs 600 Rs.", "Rs. 500 and Rs 600 Rs .", "Rs . 500 and Rs 600 Rs ."),
+    ("Mr. Smith went to Washington, D.C.", "Mr. Smith went to Washington , D.C .",
+     "Mr. Smith went to Washington , D.C."),
+]
+
+
+@pytest.mark.parametrize("lang,cases", [("de", TOKENIZER_DE), ("en", TOKENIZER_EN)])
+def test_tokenizer_matches_tokenizer_perl(lang, cases):
+    for line, current, old in cases:
+        assert pt.MosesTokenizer(lang)(line) == current, line
+        assert pt.MosesTokenizer(lang, moses="2017")(line) == old, line
+
+
+def test_tokenizer_differs_from_sacremoses_where_perl_does():
+    """Why prepare_text.py carries its own port: sacremoses (as installed) keeps the
+    final dot that tokenizer.perl splits since 2018, and splits CJK characters."""
+    from sacremoses import MosesTokenizer
+
+    for line, perl in (("So am I.", "So am I ."), ("中文 und 日本語", "中文 und 日本語")):
+        assert pt.MosesTokenizer("en")(line) == perl
+        assert MosesTokenizer(lang="en").tokenize(line, escape=True, return_str=True) != perl
+
+
+def test_lowercase_like_perl_lc():
+    # perl's lc has no final-sigma rule; Python's str.lower() has
+    assert pt.perl_lc("ΟΔΥΣΣΕΑΣ İst GROẞ") == "οδυσσεασ i̇st groß"
+    assert "ΟΔΥΣΣΕΑΣ".lower() == "οδυσσεας"
+
+
+def test_clean_corpus_like_clean_corpus_n_perl():
+    # 81 words; ratio 9 (kept) and 10 (dropped); empty; a word of 1001 and of 1000 characters
+    src = ["a  b\tc ", "x|y z", "one", "w " * 80 + "w", "k " * 8 + "k", "q " * 9 + "q", "", "y" * 1001 + " z",
+           "y" * 1000 + " z", "\u00a0nb\u00a0sp\u00a0"]
+    tgt = ["a b c", "x y z", "one two", "v", "k", "k", "e", "z z", "z z", "nb sp"]
+    out_src, out_tgt = pt.clean_corpus(src, tgt, 1, 80, ratio=9)
+    # kept pairs, normalized: runs of (Unicode) whitespace -> one space, '|' dropped
+    assert out_src == ["a b c", "xy z", "one", "k k k k k k k k k", "y" * 1000 + " z", "nb sp"]
+    assert out_tgt == ["a b c", "x y z", "one two", "k", "z z", "nb sp"]
+    # a '|' in the first pair marks a factored corpus: pipes stay
+    assert pt.clean_corpus(["a|b c"], ["a b"], 1, 80)[0] == ["a|b c"]
+    # -ratio 1.5: 3 vs 2 words is kept (3/2 is not over 1.5), 4 vs 2 is not
+    assert pt.clean_corpus(["a b c", "a b c d"], ["a b", "a b"], 1, 175, 1.5)[0] == ["a b c"]
+
+
+SGM = ('<srcset setid="newstest2014" srclang="any">\n'
+       '<doc sysid="ref" docid="1012-bbc" genre="news" origlang="en">\n<hl>\n'
+       '<seg id="1">Gutach: Noch mehr Sicherheit für Fußgänger</seg>\n</hl>\n<p>\n'
+       '<seg id="2"> Sie stehen keine 100 Meter  entfernt.  </seg>\n'
+       '<SEG ID="3">Upper\tcase &amp; &quot;kept&quot;</SEG>\n'
+       '<seg id="4">\ncontinued on\nthe next lines</seg>\n'
+       '<seg id="5">two</seg> <seg id="6">segs on one line</seg>\n'
+       '<seg id="7"></seg>\n<seg id=8>no quotes</seg>\ntext outside of segs\n</p>\n</doc>\n</srcset>\n')
+# input-from-sgm.perl's output for SGM
+SGM_TEXT = ["Gutach: Noch mehr Sicherheit für Fußgänger", "Sie stehen keine 100 Meter entfernt.",
+            "Upper case &amp; &quot;kept&quot;", "continued onthe next lines",
+            'two</seg> <seg id="6">segs on one line', "", "no quotes"]
+
+
+def test_sgm_text_like_input_from_sgm_perl():
+    assert pt.sgm_text(SGM) == SGM_TEXT
+
+
+def test_iwslt_xml_like_fairseq_grep_sed():
+    xml = ['<doc docid="1" genre="lectures">', "<title>Größe’s</title>",
+           '<seg id="1"> Jörg’s Idee\t</seg>  ', '<seg id="22">x</seg>', "<seg id=\"3\">\u2009thin\u2009</seg>",
+           '<seg id="4">\u00a0</seg>', "</doc>"]
+    assert pt.iwslt_xml_lines(xml) == ["Jörg's Idee", "x", "thin", "\u00a0"]
+
+
+@pytest.mark.parametrize("content,kind,ok,says", [
+    (b"<!DOCTYPE html><html><head><title>404</title></head></html>", "gzip", False, "HTML page"),
+    (b"", "gzip", False, "empty"),
+    (os.urandom(300) + b"\x00", "gzip", False, "binary"),
+    (gzip.compress(b"x"), "gzip", True, ""),
+    (gzip.compress(b"x"), "text", False, "gzip"),
+    ("Đây là một câu .\n".encode(), "text", True, ""),
+    ("Đây là một câu .\n".encode()[:-3] + b"\xff\n", "text", False, "not UTF-8"),
+    (b'<?xml version="1.0"?>\n<mteval>', "xml", True, ""),
+])
+def test_check_kind(tmp_path, content, kind, ok, says):
+    f = tmp_path / "f"
+    f.write_bytes(content)
+    why = pt.check_kind(f, kind)
+    assert (why is None) == ok, why
+    if not ok:
+        assert says in why
+
+
+# --- IWSLT14: the golden test ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def golden_archive(tmp_path_factory):
+    path = folder_tgz(tmp_path_factory.mktemp("golden") / "de-en.tgz", GOLDEN / "de-en", prefix="de-en/")
+    # the very bytes fairseq's script was run on (tests/fixtures/iwslt14-golden/README.md)
+    assert sha(path) == "90442a17ad7da16c46e21dff9549735b7587808311feaec2e18c8d907c2c7c4f"
+    return path
+
+
+def test_iwslt14_golden_fairseq_script(tmp_path, golden_archive):
+    """Byte-identical to fairseq's prepare-iwslt14.sh (BPE_TOKENS=300) on the fixture."""
+    work = tmp_path / "work"
+    r = run("prepare-iwslt14.sh", "--archive", golden_archive, "--work", work, "--bpe-size", 300,
+            "--no-binarize", "--skip-size-check")
+    assert r.returncode == 0, r.stderr
+    exp = GOLDEN / "expected"
+    for lang in ("de", "en"):
+        # tokenized training text, before cleaning (tmp/train.tags.de-en.tok.$l)
+        assert (work / "tok" / f"train.{lang}").read_bytes() == (exp / "tmp" / f"train.tags.de-en.tok.{lang}").read_bytes()
+        for split in ("train", "valid", "test"):
+            # tokenized, cleaned, lowercased, split (tmp/$split.$l)
+            assert (work / "split" / f"{split}.{lang}").read_bytes() == (exp / "tmp" / f"{split}.{lang}").read_bytes(), (split, lang)
+            # subword-nmt BPE ($split.$l)
+            assert (work / "bpe" / f"{split}.{lang}").read_bytes() == (exp / f"{split}.{lang}").read_bytes(), (split, lang)
+    assert (work / "bpe-learn" / "code").read_bytes() == (exp / "code").read_bytes()
+    # the fixture has what the issue asks for: every kind of metadata line, XML
+    # test sets, and pairs the length and ratio filters drop
+    tags = (GOLDEN / "de-en" / "train.tags.de-en.de").read_text(encoding="utf-8")
+    for tag in ("<url>", "<keywords>", "<speaker>", "<talkid>", "<title>", "<description>",
+                "<reviewer", "<translator", "<doc ", "</doc>"):
+        assert tag in tags
+    assert "kept 240 of 247 pairs" in r.stderr
+
+
+# --- IWSLT14: a held-out archive in the upstream layout ------------------------------
 
 def sentence(words, i, n):
     """n whitespace tokens: the id, then words, ending with '.'."""
@@ -74,7 +254,7 @@ def sentence(words, i, n):
 
 
 def iwslt14_corpus():
-    """Training pairs (de, en, expected to survive filtering) and test sets."""
+    """Training pairs (de, en, expected to survive filtering)."""
     pairs = []
     for i in range(330):
         n = 3 + (i * 13) % 25
@@ -99,6 +279,8 @@ def iwslt14_corpus():
 
 TEST_SETS = [("TED", "dev2010", 4), ("TEDX", "dev2012", 3), ("TED", "tst2010", 5),
              ("TED", "tst2011", 2), ("TED", "tst2012", 6)]
+# the metadata lines fairseq's recipe keeps as training pairs, in file order
+KEPT_META = ("speaker", "title", "description", "reviewer", "translator")
 
 
 def iwslt14_train_tags(pairs, lang):
@@ -113,13 +295,12 @@ def iwslt14_train_tags(pairs, lang):
                 "<keywords>talks, design, größe</keywords>",
                 "<speaker>Jörg Müller</speaker>",
                 f"<talkid>{talk}</talkid>",
+                f"<title>x{9000 + talk} {title}</title>",
+                f"<description>x{9100 + talk} TED Talk Subtitles and Transcript: "
+                f"{'Über Größe' if lang == 'de' else 'About size'}.</description>",
+                f'<reviewer href="http://www.ted.com/profiles/{talk}">Anna Ölz</reviewer>',
+                f'<translator href="http://www.ted.com/profiles/{talk + 50}">Bernd Süß</translator>',
             ]
-            # title and description lines are text: they become training pairs
-            out.append(f"<title>x{9000 + talk} {title}</title>")
-            out.append(f"<description>x{9100 + talk} TED Talk Subtitles and Transcript: "
-                       f"{'Über Größe' if lang == 'de' else 'About size'}.</description>")
-            out += [f'<reviewer href="http://www.ted.com/profiles/{talk}">Anna Ölz</reviewer>',
-                    f'<translator href="http://www.ted.com/profiles/{talk + 50}">Bernd Süß</translator>']
         out.append(de if lang == "de" else en)
     return "\n".join(out) + "\n"
 
@@ -146,30 +327,37 @@ def iwslt14_xml(kind, year, n, lang):
 
 def make_iwslt14_archive(path, pairs=None):
     pairs = pairs or iwslt14_corpus()
-    with tarfile.open(path, "w:gz") as tar:
-        for lang in ("de", "en"):
-            add_file(tar, f"de-en/train.tags.de-en.{lang}", iwslt14_train_tags(pairs, lang))
-            for kind, year, n in TEST_SETS:
-                add_file(tar, f"de-en/IWSLT14.{kind}.{year}.de-en.{lang}.xml", iwslt14_xml(kind, year, n, lang))
-        add_file(tar, "de-en/README", "IWSLT 2014 evaluation campaign, German-English\n")
-    return path
+    files = {"de-en/README": "IWSLT 2014 evaluation campaign, German-English\n"}
+    for lang in ("de", "en"):
+        files[f"de-en/train.tags.de-en.{lang}"] = iwslt14_train_tags(pairs, lang)
+        for kind, year, n in TEST_SETS:
+            files[f"de-en/IWSLT14.{kind}.{year}.de-en.{lang}.xml"] = iwslt14_xml(kind, year, n, lang)
+    return make_tgz(path, files)
+
+
+def label(line):
+    """A training line's pair id, or the kind of metadata line it came from."""
+    for kind in ("speaker", "reviewer", "translator"):
+        if f"&lt; {kind}" in line:
+            return kind
+    return ids(line)[0]
 
 
 def expected_iwslt14(pairs):
-    kept = [f"x{i:04d}" for i, (_, _, keep) in enumerate(pairs) if keep]
-    # title and description lines of each talk come first within the talk
+    """The classic recipe's split of make_iwslt14_archive: every line but <url>,
+    <talkid>, <keywords> is a training pair, filtered, then every 23rd is valid."""
     order = []
     talk = 0
     for i in range(len(pairs)):
         if i % 110 == 0:
             talk += 1
-            order += [f"x{9000 + talk}", f"x{9100 + talk}"]
+            order += ["speaker", f"x{9000 + talk}", f"x{9100 + talk}", "reviewer", "translator"]
         if pairs[i][2]:
             order.append(f"x{i:04d}")
     valid = order[22::23]
     train = [x for k, x in enumerate(order, 1) if k % 23]
     test = [f"y{year}s{k}" for _, year, n in TEST_SETS for k in range(1, n + 1)]
-    return train, valid, test, kept
+    return train, valid, test
 
 
 @pytest.fixture(scope="module")
@@ -178,91 +366,130 @@ def iwslt14_archive(tmp_path_factory):
 
 
 def check_iwslt14_split(work, pairs):
-    train, valid, test, _ = expected_iwslt14(pairs)
+    train, valid, test = expected_iwslt14(pairs)
     split = Path(work) / "split"
     for name, want in (("train", train), ("valid", valid), ("test", test)):
         de, en = lines(split / f"{name}.de"), lines(split / f"{name}.en")
         assert len(de) == len(en) == len(want), name
-        got = [ids(x)[0] for x in de]
-        assert got == want, name
-        assert [ids(x)[0] for x in en] == want, name
+        assert [label(x) for x in de] == want, name
+        assert [label(x) for x in en] == want, name
         for x in de + en:
             assert x == x.lower()
-            assert "<" not in x and "speaker" not in x and "ölz" not in x, x
+            assert "url" not in x and "talkid" not in x and "keywords" not in x, x
     return train, valid, test
 
 
+@pytest.mark.slow
 @needs_fairseq
-def test_iwslt14_full_run_then_rerun_skips(tmp_path, iwslt14_archive):
+def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
+    """The default run on a held-out archive: the classic recipe's split,
+    subword-nmt units in the dictionary, prepare.json; a re-run skips everything."""
     pairs = iwslt14_corpus()
     work, dest = tmp_path / "work", tmp_path / "bin"
-    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--dest", dest,
-            "--bpe-size", 200)
+    args = ("--archive", iwslt14_archive, "--work", work, "--dest", dest, "--bpe-size", 200, "--skip-size-check")
+    r = run("prepare-iwslt14.sh", *args)
     assert r.returncode == 0, r.stderr
     train, valid, test = check_iwslt14_split(work, pairs)
-    assert len(valid) == (len(train) + len(valid)) // 23
+    assert len(train) == 315 and len(valid) == 14 and len(test) == 20
 
     split = work / "split"
-    # filtering: the 176-token and ratio-2 pairs are gone, the edge cases stay
-    all_ids = set(train) | set(valid)
-    for i, (_, _, keep) in enumerate(pairs):
+    all_ids = {ids(x)[0] for x in lines(split / "train.de") + lines(split / "valid.de") if ids(x)}
+    for i, (_, _, keep) in enumerate(pairs):  # the 176-token and ratio-2 pairs are gone
         assert (f"x{i:04d}" in all_ids) == keep, i
     joined = "\n".join(lines(split / "train.de") + lines(split / "valid.de"))
     assert "straße , größe &amp; öl" in joined  # Moses tokenization with escaping, lowercased
     assert "x0100 über grösse ." in joined
-    test_en = lines(split / "test.en")
-    assert any("jörg 's" in x or "jörg &apos;s" in x for x in test_en)  # ’ -> ' then tokenized
-    # title/description text kept, tags stripped
-    assert any(x.startswith("x9001 jörg müller : über größe 1") for x in lines(split / "train.de") + lines(split / "valid.de"))
+    assert "&lt; speaker &gt; jörg müller &lt; / speaker &gt;" in joined  # kept, as fairseq's script does
+    # ’ -> ' in the test sets, then tokenized by each language's rules
+    assert any("jörg &apos;s" in x for x in lines(split / "test.en"))
+    assert any("jörg &apos; s" in x for x in lines(split / "test.de"))
 
-    # BPE: same line counts, decodes back to the split text
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(work / "spm" / "spm.model"))
-    assert sp.get_piece_size() == 200
+    # subword-nmt BPE: '@@ ' continuations that --remove-bpe undoes, 200 merges
+    code = lines(work / "bpe-learn" / "code")
+    assert code[0] == "#version: 0.2" and len(code) == 201
     for s in ("train", "valid", "test"):
         for lang in ("de", "en"):
             enc, ref = lines(work / "bpe" / f"{s}.{lang}"), lines(split / f"{s}.{lang}")
-            assert len(enc) == len(ref)
-            if s != "test":
-                assert [sp.decode(x.split()) for x in enc] == ref
-    # binarized
-    for f in ("dict.de.txt", "dict.en.txt", "train.de-en.de.bin", "valid.de-en.en.idx",
-              "test.de-en.de.bin", "spm.model", "preprocess.log", "prepare-info.txt"):
+            assert [x.replace("@@ ", "") for x in enc] == ref
+    d = (dest / "dict.de.txt").read_text(encoding="utf-8")
+    assert d == (dest / "dict.en.txt").read_text(encoding="utf-8")
+    units = [x.split()[0] for x in d.splitlines()]
+    assert sum(u.endswith("@@") for u in units) > 20
+    for f in ("train.de-en.de.bin", "valid.de-en.en.idx", "test.de-en.de.bin", "code", "preprocess.log"):
         assert (dest / f).exists(), f
-    assert (dest / "dict.de.txt").read_bytes() == (dest / "dict.en.txt").read_bytes()
-    assert (work / "archives" / "de-en.tgz.sha256").read_text().split()[0] == sha(iwslt14_archive)
+    assert not (dest / "prepare-info.txt").exists()
+    info = json.loads((dest / "prepare.json").read_text())
+    assert info["dataset"] == "iwslt14.de-en" and info["bpe"] == "subword-nmt" and info["bpe_size"] == 200
+    assert info["remove_bpe"] == "@@ " and info["lowercased"] is True
+    assert info["sizes"] == {"train": 315, "valid": 14, "test": 20}
+    assert info["sources"] == {"de-en.tgz": sha(iwslt14_archive)}
+    assert info["size_check"].startswith("skipped: train has 315 pairs, published 160239")
+    assert "prepare-iwslt14.sh" in info["script"] and info["date"].endswith("Z")
     done = markers(work)
-    assert done == sorted(f"{s}.done" for s in
-                          ("fetch", "extract", "text", "tok", "split", "spm", "bpe", "binarize"))
-    mtimes = {m: (work / ".state" / m).stat().st_mtime_ns for m in done}
+    assert done == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe", "binarize"))
+    mtimes = {m: (work / ".state" / f"{m}.done").stat().st_mtime_ns for m in done}
 
     # second run: every step skipped, nothing rewritten
-    r2 = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--dest", dest,
-             "--bpe-size", 200)
+    r2 = run("prepare-iwslt14.sh", *args)
     assert r2.returncode == 0, r2.stderr
     assert r2.stderr.count("done before, skipping") == 8, r2.stderr
     assert "running" not in r2.stderr
-    assert {m: (work / ".state" / m).stat().st_mtime_ns for m in markers(work)} == mtimes
+    assert {m: (work / ".state" / f"{m}.done").stat().st_mtime_ns for m in markers(work)} == mtimes
 
-    # a changed BPE size redoes spm and everything after it, not the text steps
-    r3 = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--dest", dest,
-             "--bpe-size", 150, "--no-binarize")
+    # a changed BPE size redoes bpe-learn and everything after it, not the text steps
+    r3 = run("prepare-iwslt14.sh", *args, "--bpe-size", 150, "--no-binarize")
     assert r3.returncode == 0, r3.stderr
     assert "step split: done before, skipping" in r3.stderr
-    assert "step spm: running" in r3.stderr and "step bpe: running" in r3.stderr
-    assert spm.SentencePieceProcessor(model_file=str(work / "spm" / "spm.model")).get_piece_size() == 150
+    assert "step bpe-learn: running" in r3.stderr and "step bpe: running" in r3.stderr
+    assert len(lines(work / "bpe-learn" / "code")) == 151
+
+
+def test_iwslt14_sentencepiece_option(tmp_path, iwslt14_archive):
+    work = tmp_path / "work"
+    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--bpe", "sentencepiece",
+            "--bpe-size", 200, "--no-binarize", "--skip-size-check")
+    assert r.returncode == 0, r.stderr
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(work / "bpe-learn" / "spm.model"))
+    assert sp.get_piece_size() == 200
+    enc, ref = lines(work / "bpe" / "train.de"), lines(work / "split" / "train.de")
+    assert [sp.decode(x.split()) for x in enc] == ref
+
+
+def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive):
+    work = tmp_path / "work"
+    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize", "--classic-clean")
+    assert r.returncode != 0
+    err = errors(r)
+    assert len(err) == 1, r.stderr
+    for figure in ("train has 315 pairs, published 160239", "valid has 14 pairs, published 7283",
+                   "test has 20 pairs, published 6750", "--skip-size-check"):
+        assert figure in err[0]
+    assert markers(work) == ["extract", "fetch", "split", "text", "tok"]  # no BPE on a wrong corpus
+
+
+@pytest.mark.parametrize("args,says", [
+    (("--bpe", "bpe32k"), "--bpe must be subword-nmt, sentencepiece or none, got 'bpe32k'"),
+    (("--bpe-size", "0"), "--bpe-size must be over 0 for --bpe subword-nmt (use --bpe none for no BPE)"),
+    (("--bpe-size", "10k"), "--bpe-size must be a whole number, got '10k'"),
+    (("--lowercase",), "unknown option '--lowercase'"),
+])
+def test_bad_options(tmp_path, args, says):
+    r = run("prepare-iwslt14.sh", "--work", tmp_path / "work", *args)
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1 and says in err[0], r.stderr
 
 
 def test_iwslt14_killed_mid_step_then_rerun(tmp_path, iwslt14_archive):
     pairs = iwslt14_corpus()
     work = tmp_path / "work"
-    args = ("--archive", iwslt14_archive, "--work", work, "--bpe-size", 200, "--no-binarize")
+    args = ("--archive", iwslt14_archive, "--work", work, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
     r = run("prepare-iwslt14.sh", *args, env={"NORMPLUG_PREPARE_KILL_AT": "split"})
     assert r.returncode in (-9, 137), (r.returncode, r.stderr)
     assert "killing this run inside step split" in r.stderr
     # the killed step left its half output in split.tmp but is not marked done
-    assert markers(work) == ["extract.done", "fetch.done", "text.done", "tok.done"]
+    assert markers(work) == ["extract", "fetch", "text", "tok"]
     assert (work / "split.tmp").exists() and not (work / "split").exists()
     r2 = run("prepare-iwslt14.sh", *args)
     assert r2.returncode == 0, r2.stderr
@@ -270,36 +497,56 @@ def test_iwslt14_killed_mid_step_then_rerun(tmp_path, iwslt14_archive):
     assert "step split: running" in r2.stderr
     assert not (work / "split.tmp").exists()
     check_iwslt14_split(work, pairs)
-    assert markers(work) == sorted(f"{s}.done" for s in ("fetch", "extract", "text", "tok", "split", "spm", "bpe"))
+    assert markers(work) == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe"))
 
 
-def test_iwslt14_classic_clean_keeps_speaker_lines(tmp_path, iwslt14_archive):
+def test_iwslt14_bad_archives(tmp_path, iwslt14_archive):
+    """Each stops with one ERROR line naming the file and what it is."""
     work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--bpe-size", 200,
-            "--no-binarize", "--classic-clean", env={"NORMPLUG_PREPARE_KILL_AT": "tok"})
-    text = lines(work / "text" / "train.de")
-    assert "<speaker>Jörg Müller</speaker>" in text
-    assert not any("<url>" in x or "<talkid>" in x or "<keywords>" in x for x in text)
-    assert any(x.startswith("x9001 Jörg Müller: Über Größe 1") for x in text)
-
-
-def test_iwslt14_corrupt_archive(tmp_path, iwslt14_archive):
-    bad = tmp_path / "de-en.tgz"
     data = Path(iwslt14_archive).read_bytes()
-    bad.write_bytes(data[: len(data) // 2])  # truncated
-    work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", bad, "--work", work, "--no-binarize")
-    assert r.returncode != 0
-    err = [x for x in r.stderr.splitlines() if x.startswith("ERROR")]
-    assert len(err) == 1 and str(bad) in err[0] and "corrupt" in err[0] and "--archive" in err[0], r.stderr
-    assert markers(work) == []
-    assert not (work / "archives" / "de-en.tgz.sha256").exists()  # a bad copy is never pinned
+    cases = {
+        "truncated.tgz": (data[: len(data) // 2], "is corrupt or truncated"),
+        "garbage.tgz": (os.urandom(5000) + b"\x00", "is binary data, not a gzip archive"),
+        "error-page.tgz": (b"<!DOCTYPE html>\n<html><head><title>Not Found</title></head></html>\n",
+                           "is an HTML page"),
+        "empty.tgz": (b"", "is empty"),
+        "readme.tgz": (b"IWSLT 2014 evaluation campaign, German-English\n", "is plain text, not a gzip archive"),
+    }
+    for name, (content, says) in cases.items():
+        bad = tmp_path / name
+        bad.write_bytes(content)
+        r = run("prepare-iwslt14.sh", "--archive", bad, "--work", work, "--no-binarize")
+        assert r.returncode != 0
+        err = errors(r)
+        assert len(err) == 1 and str(bad) in err[0] and says in err[0] and "--archive" in err[0], (name, r.stderr)
+        assert markers(work) == []
+        assert not (work / "archives" / f"{name}.sha256").exists()  # a bad copy is never pinned
 
-    garbage = tmp_path / "garbage.tgz"
-    garbage.write_bytes(os.urandom(5000))
-    r = run("prepare-iwslt14.sh", "--archive", garbage, "--work", work, "--no-binarize")
-    assert r.returncode != 0 and "corrupt or not a tar archive" in r.stderr
-    assert markers(work) == []
+
+def test_iwslt14_misaligned_sides(tmp_path):
+    pairs = iwslt14_corpus()[:40]
+    files = {f"de-en/train.tags.de-en.{lang}": iwslt14_train_tags(pairs, lang) for lang in ("de", "en")}
+    files["de-en/train.tags.de-en.en"] += "one line too many\n"
+    for kind, year, n in TEST_SETS:
+        for lang in ("de", "en"):
+            files[f"de-en/IWSLT14.{kind}.{year}.de-en.{lang}.xml"] = iwslt14_xml(kind, year, n, lang)
+    archive = make_tgz(tmp_path / "de-en.tgz", files)
+    r = run("prepare-iwslt14.sh", "--archive", archive, "--work", tmp_path / "work", "--no-binarize")
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1, r.stderr
+    assert "not line-aligned" in err[0] and "train.de has 45 lines" in err[0] and "train.en has 46 lines" in err[0]
+
+
+def test_iwslt14_html_download_set_aside(tmp_path):
+    """A download that is an HTML page stops the run and is moved aside."""
+    page = tmp_path / "page.html"
+    page.write_text("<html><head><title>Please log in</title></head><body></body></html>\n")
+    work = tmp_path / "work"
+    r = run("prepare-iwslt14.sh", "--url", f"file://{page}", "--work", work, "--no-binarize")
+    assert r.returncode != 0
+    err = errors(r)
+    assert len(err) == 1 and "de-en.tgz is an HTML page" in err[0] and f"file://{page}" in err[0], r.stderr
+    assert (work / "archives" / "de-en.tgz.bad").exists() and not (work / "archives" / "de-en.tgz").exists()
 
 
 def test_iwslt14_checksum_mismatch(tmp_path, iwslt14_archive):
@@ -322,7 +569,7 @@ def test_iwslt14_unreachable_url(tmp_path):
     url = "http://127.0.0.1:9/x.tgz"
     r = run("prepare-iwslt14.sh", "--url", url, "--work", work, "--no-binarize", timeout=60)
     assert r.returncode != 0
-    err = [x for x in r.stderr.splitlines() if x.startswith("ERROR")]
+    err = errors(r)
     assert len(err) == 1 and url in err[0] and "--archive" in err[0], r.stderr
     assert markers(work) == []
 
@@ -334,92 +581,158 @@ def test_iwslt14_file_url_download(tmp_path, iwslt14_archive):
             "--no-binarize", env={"NORMPLUG_PREPARE_KILL_AT": "text"})
     assert "killing this run inside step text" in r.stderr, r.stderr
     assert (work / "archives" / "de-en.tgz").read_bytes() == Path(iwslt14_archive).read_bytes()
-    assert markers(work) == ["extract.done", "fetch.done"]
+    assert markers(work) == ["extract", "fetch"]
 
 
-# --- WMT16 -----------------------------------------------------------------------
+# --- WMT16 from the raw corpora --------------------------------------------------------
 
-def wmt16_sets():
-    sets = {}
-    for name, n in (("train", 60), ("newstest2013", 7), ("newstest2014", 9)):
-        en = [f"x{k:04d} The street is nice , said Jörg &apos;s friend ." for k in range(n)]
-        de = [f"x{k:04d} Die Straße ist schön , sagte Jörgs Freund ." for k in range(n)]
-        sets[name] = (en, de)
-    return sets
+WMT_GOLDEN = REPO / "tests" / "fixtures" / "wmt16-golden"
+WMT_SOURCES = ("de-en.tgz", "training-parallel-commoncrawl.tgz", "training-parallel-nc-v11.tgz", "dev.tgz")
+
+
+@pytest.fixture(scope="module")
+def wmt16_sources(tmp_path_factory):
+    """The four upstream archives, small, in their real layouts (from the fixture's
+    raw/ folders), and a sha256sum list of them."""
+    folder = tmp_path_factory.mktemp("wmt16") / "raw"
+    folder.mkdir()
+    for name in WMT_SOURCES:
+        folder_tgz(folder / name, WMT_GOLDEN / "raw" / name)
+    sums = folder.parent / "SHA256SUMS"
+    sums.write_text("".join(f"{sha(folder / n)}  {n}\n" for n in WMT_SOURCES))
+    # the very bytes google/seq2seq's script was run on (tests/fixtures/wmt16-golden/README.md)
+    assert sha(folder / "dev.tgz") == "e609d4976f0f83e1dfc29eb5cc50b56d6ca86da690529f56825805dd0e26985c"
+    assert sha(folder / "de-en.tgz") == "7cdb71f6fc9e36d21a133e7fb37903a9bc51e2f6ef46dd8eb22a79ddc6aed8fb"
+    return folder, sums
+
+
+def test_wmt16_golden_google_script(tmp_path, wmt16_sources):
+    """Byte-identical to google/seq2seq's wmt16_en_de.sh (merge_ops=200) on the fixture."""
+    src, sums = wmt16_sources
+    work = tmp_path / "work"
+    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", work, "--bpe-size", 200,
+            "--no-binarize", "--skip-size-check")
+    assert r.returncode == 0, r.stderr
+    exp = WMT_GOLDEN / "expected"
+    for lang in ("en", "de"):
+        for ours, theirs in ((work / "text" / f"test.{lang}", f"newstest2014.{lang}"),  # from the .sgm
+                             (work / "clean" / f"train.{lang}", f"train.tok.clean.{lang}"),
+                             (work / "clean" / f"valid.{lang}", f"newstest2013.tok.{lang}"),
+                             (work / "clean" / f"test.{lang}", f"newstest2014.tok.{lang}"),
+                             (work / "bpe" / f"train.{lang}", f"train.tok.clean.bpe.200.{lang}"),
+                             (work / "bpe" / f"valid.{lang}", f"newstest2013.tok.bpe.200.{lang}"),
+                             (work / "bpe" / f"test.{lang}", f"newstest2014.tok.bpe.200.{lang}")):
+            assert ours.read_bytes() == (exp / theirs).read_bytes(), theirs
+    assert (work / "bpe-learn" / "code").read_bytes() == (exp / "bpe.200").read_bytes()
+    # the train text is Europarl, Common Crawl, News Commentary, in that order
+    raw = WMT_GOLDEN / "raw"
+    assert lines(work / "text" / "train.de") == (
+        lines(raw / "de-en.tgz" / "europarl-v7.de-en.de") + lines(raw / "training-parallel-commoncrawl.tgz" / "commoncrawl.de-en.de")
+        + lines(raw / "training-parallel-nc-v11.tgz" / "training-parallel-nc-v11" / "news-commentary-v11.de-en.de"))
+    assert "clean-corpus: kept 125 of 130 pairs" in r.stderr
+
+
+@pytest.mark.slow
+@needs_fairseq
+def test_wmt16_binarized_and_manifest(tmp_path, wmt16_sources):
+    src, sums = wmt16_sources
+    work, dest = tmp_path / "work", tmp_path / "bin"
+    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", work, "--dest", dest,
+            "--bpe-size", 200, "--skip-size-check")
+    assert r.returncode == 0, r.stderr
+    info = json.loads((dest / "prepare.json").read_text())
+    assert info["dataset"] == "wmt16.en-de" and info["from"] == "raw"
+    assert info["bpe"] == "subword-nmt" and info["bpe_size"] == 200 and info["remove_bpe"] == "@@ "
+    assert info["lowercased"] is False and info["sizes"] == {"train": 125, "valid": 14, "test": 13}
+    assert info["sources"] == {n: sha(src / n) for n in WMT_SOURCES}
+    assert (dest / "code").read_bytes() == (work / "bpe-learn" / "code").read_bytes()
+    log = (dest / "preprocess.log").read_text()
+    assert "nwordssrc=32768" in log and "joined_dictionary=True" in log and "source_lang='en'" in log
+
+
+def test_wmt16_checks(tmp_path, wmt16_sources):
+    src, sums = wmt16_sources
+    # the cited size and checksum of Common Crawl and News Commentary v11
+    # (tensorflow/datasets) are enforced
+    r = run("prepare-wmt16.sh", "--archive", src, "--work", tmp_path / "w1", "--no-binarize")
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1, r.stderr
+    cc = (src / "training-parallel-commoncrawl.tgz").stat().st_size
+    assert f"training-parallel-commoncrawl.tgz has {cc} bytes, the published" in err[0] and "918311367 bytes" in err[0]
+    some = tmp_path / "some.sha256"
+    some.write_text("".join(x + "\n" for x in sums.read_text().splitlines() if "nc-v11" not in x))
+    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", some, "--work", tmp_path / "w1", "--no-binarize")
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1 and "training-parallel-nc-v11.tgz has" in err[0], r.stderr
+    assert "75178032 bytes" in err[0]
+    # a test set that is not the standard one stops the run (md5 of newstest2014.de)
+    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", tmp_path / "w2", "--no-binarize")
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1 and "f6c3818b477e4a25cad68b61cc883c17" in err[0], r.stderr
+    # with --skip-size-check the sizes are reported, not enforced
+    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", tmp_path / "w2",
+            "--no-binarize", "--skip-size-check", env={"NORMPLUG_PREPARE_KILL_AT": "bpe-learn"})
+    assert "train has 125 pairs, published 4400000-4600000" in r.stderr
+    assert "valid has 14 pairs, published 3000" in r.stderr and "test has 13 pairs, published 3003" in r.stderr
+
+
+def wmt_pairs(tag, n):
+    en = [f"x{tag}{k:03d} The street is nice , said Jörg &apos;s friend ." for k in range(n)]
+    de = [f"x{tag}{k:03d} Die Straße ist schön , sagte Jörgs Freund ." for k in range(n)]
+    return en, de
 
 
 def bpe_google(line):
     return " ".join(w if len(w) <= 4 or w.startswith("x") else f"{w[:3]}@@ {w[3:]}" for w in line.split())
 
 
-def make_wmt16_archive(path, drop=None):
-    with tarfile.open(path, "w:gz") as tar:
-        for name, (en, de) in wmt16_sets().items():
-            tok = "tok.clean" if name == "train" else "tok"
-            for lang, text in (("en", en), ("de", de)):
-                files = {
-                    f"{name}.{lang}": text,
-                    f"{name}.{tok}.{lang}": text,
-                    f"{name}.{tok}.bpe.32000.{lang}": [bpe_google(x) for x in text],
-                }
-                for fname, body in files.items():
-                    if fname != drop:
-                        add_file(tar, fname, "\n".join(body) + "\n")
-        add_file(tar, "bpe.32000", "#version: 0.2\nt h\n")
-        add_file(tar, "vocab.bpe.32000", "<unk>\n<s>\n</s>\nthe\n")
-    return path
+def make_wmt16_google_archive(path, drop=None):
+    files = {"bpe.32000": "#version: 0.2\nt h\n", "vocab.bpe.32000": "<unk>\n<s>\n</s>\nthe\n"}
+    for name, n in (("train", 60), ("newstest2013", 7), ("newstest2014", 9)):
+        en, de = wmt_pairs(name[:1], n)
+        tok = "tok.clean" if name == "train" else "tok"
+        for lang, text in (("en", en), ("de", de)):
+            for fname, body in {f"{name}.{lang}": text, f"{name}.{tok}.{lang}": text,
+                                f"{name}.{tok}.bpe.32000.{lang}": [bpe_google(x) for x in text]}.items():
+                if fname != drop:
+                    files[fname] = "\n".join(body) + "\n"
+    return make_tgz(path, files)
 
 
-@needs_fairseq
-def test_wmt16_google_bpe(tmp_path):
-    archive = make_wmt16_archive(tmp_path / "wmt16_en_de.tar.gz")
+@pytest.mark.slow
+def test_wmt16_google_archive(tmp_path):
+    archive = make_wmt16_google_archive(tmp_path / "wmt16_en_de.tar.gz")
     work, dest = tmp_path / "work", tmp_path / "bin"
-    r = run("prepare-wmt16.sh", "--archive", archive, "--work", work, "--dest", dest)
+    binarize = () if HAVE_FAIRSEQ else ("--no-binarize",)
+    r = run("prepare-wmt16.sh", "--archive", archive, "--work", work, "--dest", dest, "--skip-size-check",
+            *binarize)
     assert r.returncode == 0, r.stderr
-    sets = wmt16_sets()
-    for split, name in (("train", "train"), ("valid", "newstest2013"), ("test", "newstest2014")):
-        for lang, k in (("en", 0), ("de", 1)):
-            assert lines(work / "text" / f"{split}.{lang}") == [bpe_google(x) for x in sets[name][k]]
-    assert not (work / "spm").exists()
-    d = (dest / "dict.en.txt").read_text(encoding="utf-8")
-    assert "str@@ " in d and d == (dest / "dict.de.txt").read_text(encoding="utf-8")
-    log = (dest / "preprocess.log").read_text()
-    assert "nwordssrc=32768" in log and "joined_dictionary=True" in log
-    assert "train.en: 60 sents" in log and "valid.de: 7 sents" in log and "test.en: 9 sents" in log
-    assert markers(work) == sorted(f"{s}.done" for s in ("fetch", "extract", "text", "binarize"))
+    for split, name, n in (("train", "train", 60), ("valid", "newstest2013", 7), ("test", "newstest2014", 9)):
+        for lang, text in zip(("en", "de"), wmt_pairs(name[:1], n)):
+            assert lines(work / "text" / f"{split}.{lang}") == [bpe_google(x) for x in text]
+    assert not (work / "bpe-learn").exists()  # the archive's own BPE
+    if HAVE_FAIRSEQ:
+        d = (dest / "dict.en.txt").read_text(encoding="utf-8")
+        assert "str@@ " in d and d == (dest / "dict.de.txt").read_text(encoding="utf-8")
+        info = json.loads((dest / "prepare.json").read_text())
+        assert info["bpe"] == "subword-nmt" and info["bpe_size"] == 32000 and info["remove_bpe"] == "@@ "
+        assert info["sources"] == {"wmt16_en_de.tar.gz": sha(archive)} and info["from"] == "google"
+        assert (dest / "code").read_text() == "#version: 0.2\nt h\n"
 
-
-def test_wmt16_spm_bpe_and_missing_file(tmp_path):
-    archive = make_wmt16_archive(tmp_path / "wmt16_en_de.tar.gz")
-    work = tmp_path / "work"
-    r = run("prepare-wmt16.sh", "--archive", archive, "--work", work, "--bpe", "spm",
-            "--bpe-size", 60, "--no-binarize")
-    assert r.returncode == 0, r.stderr
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(work / "spm" / "spm.model"))
-    sets = wmt16_sets()
-    for split, name in (("train", "train"), ("valid", "newstest2013"), ("test", "newstest2014")):
-        for lang, k in (("en", 0), ("de", 1)):
-            enc = lines(work / "bpe" / f"{split}.{lang}")
-            assert [sp.decode(x.split()) for x in enc] == sets[name][k]  # cased, as in the archive
-
-    broken = make_wmt16_archive(tmp_path / "broken.tar.gz", drop="newstest2014.tok.bpe.32000.de")
+    broken = make_wmt16_google_archive(tmp_path / "broken.tar.gz", drop="newstest2014.tok.bpe.32000.de")
     r = run("prepare-wmt16.sh", "--archive", broken, "--work", tmp_path / "w2", "--no-binarize")
-    assert r.returncode != 0
-    err = [x for x in r.stderr.splitlines() if x.startswith("ERROR")]
-    assert len(err) == 1 and "newstest2014.tok.bpe.32000.de is missing" in err[0], r.stderr
-    assert "text.done" not in markers(tmp_path / "w2")
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1 and "newstest2014.tok.bpe.32000.de is missing" in err[0], r.stderr
 
 
-# --- IWSLT15 En-Vi ------------------------------------------------------------------
+# --- IWSLT15 En-Vi --------------------------------------------------------------------
 
 ENVI_FILES = {"train": 50, "tst2012": 6, "tst2013": 8}
 
 
-def make_envi_dir(path):
+def make_envi_dir(path, sizes=ENVI_FILES):
     path.mkdir(parents=True, exist_ok=True)
-    for name, n in ENVI_FILES.items():
+    for name, n in sizes.items():
         en = [f"x{k:04d} It &apos;s a {name} about Hanoi ." for k in range(n)]
         vi = [f"x{k:04d} Đây là một câu chuyện về Hà Nội , {name} ." for k in range(n)]
         (path / f"{name}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
@@ -429,22 +742,21 @@ def make_envi_dir(path):
 
 
 def test_iwslt15_envi_folder(tmp_path):
-    # (binarization is the shared pl_binarize, exercised by the IWSLT14 and WMT16 tests)
     src = make_envi_dir(tmp_path / "stanford")
     work, dest = tmp_path / "work", tmp_path / "bin"
     r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", work, "--dest", dest, "--bpe-size", 80,
-            "--no-binarize")
+            "--no-binarize", "--skip-size-check")
     assert r.returncode == 0, r.stderr
     for split, name in (("train", "train"), ("valid", "tst2012"), ("test", "tst2013")):
         for lang in ("en", "vi"):
             assert lines(work / "text" / f"{split}.{lang}") == lines(src / f"{name}.{lang}")
-        en, vi = lines(work / "bpe" / f"{split}.en"), lines(work / "bpe" / f"{split}.vi")
-        assert len(en) == len(vi) == ENVI_FILES[name]
-        assert [ids(x) for x in lines(work / "text" / f"{split}.en")] == \
-            [ids(x) for x in lines(work / "text" / f"{split}.vi")]
-    assert (work / "bpe" / "spm.model").exists() and not dest.exists()
+            assert [x.replace("@@ ", "") for x in lines(work / "bpe" / f"{split}.{lang}")] == \
+                lines(src / f"{name}.{lang}")
+    assert len(lines(work / "bpe-learn" / "code")) == 81 and not dest.exists()
     for name in ("train.en", "tst2013.vi"):
         assert (work / "archives" / f"{name}.sha256").read_text().split()[0] == sha(src / name)
+    assert sorted(lines(work / "fetch" / "sources.sha256")) == sorted(
+        f"{sha(src / f)}  {f}" for f in ("train.en", "train.vi", "tst2012.en", "tst2012.vi", "tst2013.en", "tst2013.vi"))
     # a file changed after its checksum was pinned is refused
     (src / "tst2013.vi").write_text("x0000 khác .\n", encoding="utf-8")
     r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", work, "--dest", dest,
@@ -453,21 +765,34 @@ def test_iwslt15_envi_folder(tmp_path):
     assert markers(work) == []
 
 
-def test_iwslt15_envi_tarball_lowercase_words(tmp_path):
+def test_iwslt15_envi_tarball_lowercase_words_and_bad_files(tmp_path):
     src = make_envi_dir(tmp_path / "stanford")
-    archive = tmp_path / "iwslt15.tgz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(src, arcname="iwslt15.en-vi")
+    (src / "tst2012.en").write_text("x0000 a\rb\u2028c .\n" + "x0001 x .\n" * 5, encoding="utf-8")
+    archive = folder_tgz(tmp_path / "iwslt15.tgz", tmp_path / "stanford")
     work = tmp_path / "work"
-    r = run("prepare-iwslt15-envi.sh", "--archive", archive, "--work", work, "--bpe-size", 0,
-            "--lowercase", "--no-binarize")
+    r = run("prepare-iwslt15-envi.sh", "--archive", archive, "--work", work, "--bpe", "none",
+            "--lowercase", "--no-binarize", "--skip-size-check")
     assert r.returncode == 0, r.stderr
     assert lines(work / "text" / "train.vi") == [x.lower() for x in lines(src / "train.vi")]
     assert lines(work / "text" / "test.en") == [x.lower() for x in lines(src / "tst2013.en")]
-    assert "note: train has 50 pairs, the Stanford release has 133317" in r.stderr
-    assert not (work / "spm").exists()
+    assert lines(work / "text" / "valid.en")[0] == "x0000 a b c ."  # no stray line breaks for fairseq
+    assert "train has 50 pairs, published 133317" in r.stderr
+    assert not (work / "bpe-learn").exists()
 
-    (src / "tst2012.vi").unlink()
+    good = (src / "train.en").read_bytes()
+    (src / "train.en").write_text("<!DOCTYPE html><html><head></head><body>Moved</body></html>\n")
     r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "w2", "--no-binarize")
-    assert r.returncode != 0
-    assert "tst2012.vi not found" in r.stderr
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1 and "train.en is an HTML page" in err[0], r.stderr
+    (src / "train.en").write_bytes(good)
+    (src / "tst2012.vi").unlink()
+    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "w3", "--no-binarize")
+    assert r.returncode != 0 and "tst2012.vi not found" in r.stderr
+
+
+def test_iwslt15_envi_published_sizes_pass(tmp_path):
+    src = make_envi_dir(tmp_path / "stanford", {"train": 133317, "tst2012": 1553, "tst2013": 1268})
+    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "work", "--bpe", "none",
+            "--no-binarize")
+    assert r.returncode == 0, r.stderr
+    assert "sizes match the published ones: train 133317,valid 1553,test 1268" in r.stderr
