@@ -1,4 +1,4 @@
-"""Data-parallel training on CPU: two fairseq-train workers in one gloo group (SPEC §5).
+"""Data-parallel training on CPU: two fairseq-train workers in one gloo group.
 
 Each fairseq run is started as one process per worker (``run_workers``), through
 ``tests/hooked_train.py`` so that every worker dumps its model state at each

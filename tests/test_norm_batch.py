@@ -1,4 +1,4 @@
-"""Masked BatchNorm (``batch``) against float64 references written from SPEC §2.
+"""Masked BatchNorm (``batch``) against float64 references written from the equations of Wang, Wu & Huang 2022.
 
 Conventions of the references below: x is T×B×C, pad is B×T (True = padding),
 token (t, b) is real iff not pad[b, t]. Statistics are over real tokens only:
@@ -28,7 +28,7 @@ def real_of(pad):
 
 
 def ref_stats(x, pad):
-    """μ_B, σ²_B over real tokens, in float64, exactly as SPEC §2 writes them."""
+    """μ_B, σ²_B over real tokens, in float64, as the equations write them."""
     x = x.double()
     m = real_of(pad).double().unsqueeze(-1)  # T×B×1
     keep = real_of(pad).unsqueeze(-1).expand_as(x)

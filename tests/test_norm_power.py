@@ -28,12 +28,12 @@ SETTINGS = settings(max_examples=25, deadline=None)
 
 
 # --------------------------------------------------------------------------- #
-# references (float64, from the SPEC)
+# references (float64)
 # --------------------------------------------------------------------------- #
 
 
 def ref_group_scale(x, groups):
-    """SPEC step 1 on n×C: each token's group over sqrt(mean of squares + 1e-5)."""
+    """Group scaling on n×C: each token's group over sqrt(mean of squares + 1e-5)."""
     n, c = x.shape
     d = c // groups
     out = []

@@ -1,4 +1,4 @@
-"""Per-token norms (SPEC §1) against float64 references written from the SPEC equations.
+"""Per-token norms against float64 references written from the papers' equations.
 
 The references below are deliberately naive (plain torch ops, float64, autograd for
 their gradients) and never call normplug; the implementations use fused kernels and
@@ -77,7 +77,7 @@ def ref_scale(x, g, eps=1e-5):
 
 
 def reference(name, opts, x, params):
-    """The SPEC equation of norm ``name`` applied to float64 ``x`` with ``params``."""
+    """The equation of norm ``name`` applied to float64 ``x`` with ``params``."""
     eps = opts.get("eps")
     kw = {} if eps is None else {"eps": eps}
     if name == "layer":
@@ -232,7 +232,7 @@ def _grad_x(name, opts, x, gy):
 @settings(max_examples=25, deadline=None)
 @given(shape=shapes, seed=st.integers(0, 2**31 - 1))
 def test_xu_gradient_facts(shape, seed):
-    """Xu et al. 2019 (SPEC §1) on the input gradient of each token, over its C channels.
+    """Xu et al. 2019 on the input gradient of each token, over its C channels.
 
     * layer_simple: the gradient has zero mean.
     * mean detached (detach="mean"): it does not; its mean is exactly mean(g)/(s + ε)
