@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 import recipes  # noqa: E402
+from normplug.tools.common import numbered_checkpoints  # noqa: E402
 
 KINDS = ("ln", "bn", "rbn")
 TID_KINDS = ("bn", "rbn")
@@ -145,13 +146,9 @@ def evaluate_one(out: Path, data: Path, kind: str):
     return scores
 
 
-def epoch_checkpoints(folder: Path):
-    return recipes.epoch_checkpoints(folder)
-
-
 def run_tid(out: Path, data: Path, kind: str):
     """The TID step: one normplug-tid call on a run's per-epoch checkpoints (valid split)."""
-    ckpts = epoch_checkpoints(out / kind)
+    ckpts = numbered_checkpoints(str(out / kind), "epoch")
     # TID depends on the batch size: measure with the training batch (max-tokens)
     recipe = recipes.load_config(REPO / "configs" / "demo" / f"{kind}.yaml")
     max_tokens = str(recipe.train["max-tokens"])

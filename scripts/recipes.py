@@ -2,7 +2,7 @@
 reproduction tables. All the logic behind ``scripts/train.sh``,
 ``scripts/evaluate.sh``, ``scripts/reproduce.sh`` and the demo lives here.
 
-A config is one published row of SPEC §4: a YAML mapping with the keys
+A config is one published row: a YAML mapping with the keys
 
 ========================  ==================================================================
 ``name``                  run name (checkpoint folder, score files)
@@ -20,8 +20,10 @@ A config is one published row of SPEC §4: a YAML mapping with the keys
                           (flag without ``--``; ``true`` = bare flag; ``false``/``null`` =
                           left out). ``user-dir``, ``save-dir``, ``cpu``, the languages
                           and the data path are added by this module.
-``evaluate``              decoding and scoring, see :data:`EVALUATE_KEYS`
-``notes``                 list of strings: every value the SPEC does not give, and why
+``evaluate``              which checkpoint is decoded, decoding and scoring, see
+                          :data:`EVALUATE_KEYS`
+``notes``                 list of strings: the released script followed, every remaining
+                          difference from it, where the published number comes from
 ``shares_training_with``  (optional) name of a config whose training run (checkpoints)
                           this one reuses -- it differs only in decoding
 ========================  ==================================================================
@@ -32,6 +34,7 @@ Command line (the scripts call these)::
     python scripts/recipes.py train CONFIG [--data DIR] [--save-dir DIR] [EXTRA...]
     python scripts/recipes.py evaluate CONFIG [--checkpoint-dir DIR] [--data DIR]
     python scripts/recipes.py reproduce CONFIG... [--out DIR] [--data DIR] [-- EXTRA...]
+    python scripts/recipes.py reproduce --table-only CONFIG... [--out DIR]
     python scripts/recipes.py check CONFIG...
 
 ``EXTRA`` are ``fairseq-train`` arguments: a flag that the config sets is replaced,
@@ -78,7 +81,10 @@ TOP_KEYS = {
 # evaluate keys: name -> (default or REQUIRED, allowed types)
 REQUIRED = object()
 EVALUATE_KEYS = {
-    "average_last_epochs": (REQUIRED, (int,)),   # N last checkpointE.pt averaged; 1 = the last
+    # which checkpoint is decoded: exactly one of these three (see CHECKPOINT_CHOICES)
+    "checkpoint": (None, (str, type(None))),           # best | last: checkpoint_best.pt / _last.pt
+    "average_last_epochs": (None, (int, type(None))),  # average the last N checkpointE.pt
+    "average_last_updates": (None, (int, type(None))), # average the last N checkpoint_E_U.pt
     "gen_subset": ("test", (str,)),
     "beam": (REQUIRED, (int,)),
     "lenpen": (REQUIRED, (int, float)),
@@ -86,11 +92,16 @@ EVALUATE_KEYS = {
     "max_len_b": (REQUIRED, (int,)),
     "batch_size": (128, (int,)),
     "remove_bpe": (REQUIRED, (str, type(None))),  # fairseq --remove-bpe value; null = none
-    "lowercase": (False, (bool,)),               # lowercase hyps and refs for tokenized BLEU
+    "lowercase": (False, (bool,)),               # lowercase hyps and refs (both BLEUs)
     "compound_split": (False, (bool,)),          # ##AT##-##AT## splitting (WMT)
     "model_overrides": (None, (dict, type(None))),  # fairseq-generate --model-overrides
     "detok_lang": (None, (str, type(None))),     # sacremoses language (default target_lang)
+    # sacreBLEU references: a sacrebleu test set (e.g. wmt14/full), or null = the
+    # detokenized references of the binarized test set
+    "sacrebleu_test_set": (None, (str, type(None))),
 }
+CHECKPOINT_CHOICES = ("checkpoint", "average_last_epochs", "average_last_updates")
+NAMED_CHECKPOINTS = ("best", "last")
 
 # fairseq-train flags that the config may not set: they come from elsewhere
 RESERVED_TRAIN = {
@@ -235,11 +246,21 @@ def load_config(path) -> Recipe:
         value = raw["evaluate"][key]
         _check_type(f"{where}: evaluate", key, value, types)
         ev[key] = value
-    for key in ("average_last_epochs", "beam", "batch_size"):
-        if ev[key] < 1:
+    chosen = [k for k in CHECKPOINT_CHOICES if ev[k] is not None]
+    if len(chosen) != 1:
+        raise ConfigError(f"{where}: evaluate: set exactly one of {', '.join(map(repr, CHECKPOINT_CHOICES))} "
+                          f"(which checkpoint is decoded), got {' and '.join(map(repr, chosen)) or 'none'}")
+    if ev["checkpoint"] is not None and ev["checkpoint"] not in NAMED_CHECKPOINTS:
+        raise ConfigError(f"{where}: evaluate: 'checkpoint' must be one of {', '.join(NAMED_CHECKPOINTS)}, "
+                          f"got {ev['checkpoint']!r}")
+    for key in ("average_last_epochs", "average_last_updates", "beam", "batch_size"):
+        if ev[key] is not None and ev[key] < 1:
             raise ConfigError(f"{where}: evaluate: {key!r} must be >= 1, got {ev[key]}")
     if ev["detok_lang"] is None:
         ev["detok_lang"] = raw["target_lang"]
+    if ev["sacrebleu_test_set"] is not None:
+        _check_sacrebleu_test_set(where, ev["sacrebleu_test_set"],
+                                  f"{raw['source_lang']}-{raw['target_lang']}")
 
     return Recipe(
         path=path, name=raw["name"], dataset=raw["dataset"], setting=raw["setting"],
@@ -397,19 +418,63 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lowercase=False, sp
     return scorer.score(4), scorer.result_string(4)
 
 
-def detokenized_sacrebleu(hyps: Sequence[str], refs: Sequence[str], lang: str):
-    """sacremoses-detokenize both sides, then sacreBLEU; returns (score, signature)."""
-    from sacrebleu.metrics import BLEU
+def detokenize(lines: Sequence[str], lang: str) -> List[str]:
+    """Moses-detokenize (sacremoses), as fairseq's scripts/sacrebleu.sh does before scoring."""
     from sacremoses import MosesDetokenizer
 
     md = MosesDetokenizer(lang=lang)
+    return [md.detokenize(line.split()) for line in lines]
 
-    def detok(line):
-        return md.detokenize(line.split())
 
-    bleu = BLEU()
-    result = bleu.corpus_score([detok(h) for h in hyps], [[detok(r) for r in refs]])
+def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str], lowercase=False):
+    """sacreBLEU of detokenized hypotheses against one reference set; (score, signature)."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(lowercase=lowercase)
+    result = bleu.corpus_score(list(hyps), [list(refs)])
     return result.score, str(bleu.get_signature())
+
+
+def _check_sacrebleu_test_set(where, test_set, langpair):
+    from sacrebleu.dataset import DATASETS
+
+    if test_set not in DATASETS:
+        raise ConfigError(f"{where}: evaluate: sacrebleu_test_set {test_set!r} is not a sacrebleu "
+                          "test set (list them: sacrebleu --list)")
+    if langpair not in DATASETS[test_set].langpairs:
+        raise ConfigError(f"{where}: evaluate: sacrebleu test set {test_set!r} has no language pair "
+                          f"{langpair!r}")
+
+
+def official_references(test_set: str, langpair: str) -> List[str]:
+    """The references of a sacrebleu test set (e.g. ``wmt14/full``, en-de), as sacrebleu's
+    own ``--test-set`` scoring uses them; fetched once into ``$SACREBLEU`` (``~/.sacrebleu``).
+
+    A failed fetch leaves that folder as it was: sacrebleu would otherwise leave its lock
+    file, and a partial download that it later takes for a complete one.
+    """
+    import sacrebleu.utils
+
+    root = Path(sacrebleu.utils.SACREBLEU_DIR)
+    folder = root / test_set
+    existed = root.exists()
+    before = set(root.rglob("*")) if existed else set()
+    try:
+        (ref_file,) = sacrebleu.utils.get_reference_files(test_set, langpair)
+    except (OSError, SystemExit) as err:  # URLError offline; sacrebleu exits on SSL/md5 errors
+        created = set(root.rglob("*")) - before if root.exists() else set()
+        for path in sorted(created, key=lambda p: len(p.parts), reverse=True):  # files, then folders
+            path.rmdir() if path.is_dir() else path.unlink()
+        if not existed and root.exists():
+            root.rmdir()
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise RuntimeError(
+            f"cannot fetch the official {test_set} {langpair} references ({reason}); sacreBLEU "
+            f"downloads them once into {folder}: offline, copy that folder from a machine where "
+            f"`sacrebleu -t {test_set} -l {langpair} --echo ref > /dev/null` has run (or point "
+            "$SACREBLEU at a copy)") from None
+    with open(ref_file, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
 
 
 def parse_generate(text: str):
@@ -437,14 +502,21 @@ def parse_generate(text: str):
 
 # ----------------------------------------------------------------------------- evaluation
 
-def epoch_checkpoints(folder) -> List[Path]:
-    """checkpointE.pt files of a save dir, oldest epoch first."""
-    found = []
-    for p in Path(folder).glob("checkpoint*.pt"):
-        m = re.fullmatch(r"checkpoint(\d+)\.pt", p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+def check_data(recipe: Recipe, data=None):
+    """Refuse a config whose ``remove_bpe`` is not what its data needs, as recorded in the
+    ``prepare.json`` that scripts/prepare-*.sh write; data made otherwise has none."""
+    manifest = recipe.data_path(data) / "prepare.json"
+    if not manifest.is_file():
+        return
+    try:
+        info = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read {manifest}: {' '.join(str(err).split())}") from None
+    if "remove_bpe" in info and info["remove_bpe"] != recipe.evaluate["remove_bpe"]:
+        ours, theirs = json.dumps(recipe.evaluate["remove_bpe"]), json.dumps(info["remove_bpe"])
+        raise ConfigError(f"{recipe.path}: evaluate: remove_bpe is {ours}, but the data needs {theirs} "
+                          f"({manifest}: bpe {info.get('bpe')}, {info.get('bpe_size')}); set "
+                          f"remove_bpe: {theirs} or prepare the data the config expects")
 
 
 def _python_env():
@@ -478,26 +550,46 @@ def _run(argv, log_path=None, echo=False, cwd=None):
     return rc, "".join(lines)
 
 
+def describe_choice(ev) -> str:
+    """Which checkpoint a config decodes, in words (results table)."""
+    if ev["checkpoint"]:
+        return f"checkpoint_{ev['checkpoint']}.pt"
+    if ev["average_last_epochs"]:
+        return f"average of the last {ev['average_last_epochs']} epoch checkpoints"
+    return f"average of the last {ev['average_last_updates']} update checkpoints"
+
+
 def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print):
-    """Average the last N epoch checkpoints (normplug-average); returns (path, [inputs])."""
-    ckdir = Path(ckdir)
-    found = epoch_checkpoints(ckdir)
+    """The checkpoint the config decodes: checkpoint_best/last.pt, or the average of the last
+    N epoch (checkpointE.pt) or update (checkpoint_E_U.pt) checkpoints, made with
+    normplug-average. Returns (path, [inputs])."""
+    from normplug.tools.common import numbered_checkpoints
+
+    ckdir, ev = Path(ckdir), recipe.evaluate
+    if ev["checkpoint"]:
+        path = ckdir / f"checkpoint_{ev['checkpoint']}.pt"
+        if not path.exists():
+            raise ConfigError(f"no {path.name} in {ckdir}: train first (scripts/train.sh {recipe.path})")
+        return path, [path]
+    kind, n = ("epoch", ev["average_last_epochs"]) if ev["average_last_epochs"] else \
+        ("update", ev["average_last_updates"])
+    found = [Path(p) for p in numbered_checkpoints(str(ckdir), kind)] if ckdir.is_dir() else []
     if not found:
         last = ckdir / "checkpoint_last.pt"
-        if last.exists():
-            log(f"no epoch checkpoints in {ckdir}; using {last.name}")
+        if last.exists():  # e.g. a run shortened below the first save interval
+            log(f"no {kind} checkpoints in {ckdir}, the recipe averages the last {n}: "
+                f"decoding {last.name} instead")
             return last, [last]
-        raise ConfigError(f"no checkpoints (checkpointN.pt) in {ckdir}: train first "
+        raise ConfigError(f"no {kind} checkpoints in {ckdir}: train first "
                           f"(scripts/train.sh {recipe.path})")
-    n = recipe.evaluate["average_last_epochs"]
     chosen = found[-n:]
     if len(chosen) < n:
-        log(f"only {len(chosen)} epoch checkpoint(s) in {ckdir}, recipe averages {n}: "
+        log(f"only {len(chosen)} {kind} checkpoint(s) in {ckdir}, recipe averages {n}: "
             f"averaging {len(chosen)}")
     if len(chosen) == 1:
         return chosen[0], chosen
-    out = ckdir / f"averaged_last{len(chosen)}.pt"
-    stamp = ckdir / f"averaged_last{len(chosen)}.inputs"
+    stem = f"averaged_last{len(chosen)}" + ("_updates" if kind == "update" else "")
+    out, stamp = ckdir / f"{stem}.pt", ckdir / f"{stem}.inputs"
     wanted = "\n".join(f"{p.name} {p.stat().st_mtime_ns}" for p in chosen)
     if out.exists() and stamp.exists() and stamp.read_text() == wanted:
         log(f"reusing {out} (average of {', '.join(p.name for p in chosen)})")
@@ -512,11 +604,51 @@ def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print):
     return out, chosen
 
 
+def score(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str],
+          official: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    """Tokenized BLEU as the paper scored it, and sacreBLEU of the detokenized hypotheses
+    against ``official`` references (a sacrebleu test set, in test-set order) or, without
+    them, against the detokenized references of the binarized test set."""
+    ev = recipe.evaluate
+    tok, tok_detail = tokenized_bleu(hyps, refs, lowercase=ev["lowercase"], split=ev["compound_split"])
+    case = "lowercased" if ev["lowercase"] else "cased"
+    if official is None:
+        sacre_refs = detokenize(refs, ev["detok_lang"])
+        label = f"{case} references of the binarized test set, sacremoses-detokenized"
+    else:
+        test_set, langpair = ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}"
+        if len(official) != len(hyps):
+            raise RuntimeError(
+                f"the binarized {ev['gen_subset']} set has {len(hyps)} sentences, the official "
+                f"{test_set} {langpair} references {len(official)}: sacreBLEU needs the same test "
+                "set, in its order")
+        sacre_refs = official
+        label = f"official {test_set} {langpair} references ({case})"
+    sacre, signature = sacrebleu_score(detokenize(hyps, ev["detok_lang"]), sacre_refs,
+                                       lowercase=ev["lowercase"])
+    return {
+        "tokenized_bleu": round(tok, 2),
+        "tokenized_bleu_detail": tok_detail,
+        "tokenized_bleu_settings": {"lowercase": ev["lowercase"],
+                                    "compound_split": ev["compound_split"],
+                                    "remove_bpe": ev["remove_bpe"]},
+        "sacrebleu": round(sacre, 2),
+        "sacrebleu_signature": signature,
+        "sacrebleu_references": label,
+    }
+
+
 def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_generate=(),
              log=print) -> Dict[str, object]:
     """Decode the test set, score it both ways, write scores-<name>.{json,csv} in ckdir."""
     ckdir = Path(ckdir) if ckdir else recipe.default_save_dir()
+    ev = recipe.evaluate
     t0 = time.time()
+    check_data(recipe, data)
+    official = None
+    if ev["sacrebleu_test_set"]:  # fetched before decoding: an offline machine fails at once
+        langpair = f"{recipe.source_lang}-{recipe.target_lang}"
+        official = official_references(ev["sacrebleu_test_set"], langpair)
     if checkpoint:
         path, inputs = Path(checkpoint), [Path(checkpoint)]
     else:
@@ -532,45 +664,35 @@ def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_gener
         raise RuntimeError(f"fairseq-generate failed (exit {proc.returncode}); see "
                            f"{ckdir / f'generate-{recipe.name}.log'}:\n{proc.stderr[-3000:]}")
     hyps, refs, generate_bleu = parse_generate(proc.stdout)
-    ev = recipe.evaluate
-    tok, tok_detail = tokenized_bleu(hyps, refs, lowercase=ev["lowercase"],
-                                     split=ev["compound_split"])
-    sacre, signature = detokenized_sacrebleu(hyps, refs, ev["detok_lang"])
     scores = {
         "config": str(recipe.path),
         "name": recipe.name,
         "checkpoint": str(path),
+        "checkpoint_choice": describe_choice(ev) if not checkpoint else "given on the command line",
         "averaged": [p.name for p in inputs],
         "sentences": len(hyps),
-        "tokenized_bleu": round(tok, 2),
-        "tokenized_bleu_detail": tok_detail,
-        "tokenized_bleu_settings": {"lowercase": ev["lowercase"],
-                                    "compound_split": ev["compound_split"],
-                                    "remove_bpe": ev["remove_bpe"]},
+        **score(recipe, hyps, refs, official),
         "fairseq_generate_bleu": generate_bleu,
-        "sacrebleu": round(sacre, 2),
-        "sacrebleu_signature": signature,
-        "sacrebleu_note": ("sacremoses-detokenized hypotheses against the sacremoses-detokenized "
-                           "references of the binarized test set (as cased as that data is)"),
         "published": recipe.published,
         "metric": recipe.metric,
         "decoding": {k: ev[k] for k in ("gen_subset", "beam", "lenpen", "max_len_a",
-                                        "max_len_b", "model_overrides")},
+                                        "max_len_b", "batch_size", "model_overrides")},
         "seconds": round(time.time() - t0, 1),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
     with open(ckdir / f"scores-{recipe.name}.json", "w", encoding="utf-8") as f:
         json.dump(scores, f, indent=2)
         f.write("\n")
-    keys = ["name", "tokenized_bleu", "sacrebleu", "sacrebleu_signature", "published",
-            "checkpoint", "sentences"]
+    keys = ["name", "tokenized_bleu", "sacrebleu", "sacrebleu_references", "sacrebleu_signature",
+            "published", "checkpoint", "sentences"]
     with open(ckdir / f"scores-{recipe.name}.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(keys)
         w.writerow([scores[k] for k in keys])
-    log(f"{recipe.name}: tokenized BLEU {tok:.2f} ({tok_detail})"
+    log(f"{recipe.name}: tokenized BLEU {scores['tokenized_bleu']:.2f} ({scores['tokenized_bleu_detail']})"
         + (f" [fairseq-generate: {generate_bleu:.2f}]" if generate_bleu is not None else ""))
-    log(f"{recipe.name}: sacreBLEU {sacre:.2f}  {signature}")
+    log(f"{recipe.name}: sacreBLEU {scores['sacrebleu']:.2f} on the {scores['sacrebleu_references']}  "
+        f"{scores['sacrebleu_signature']}")
     if recipe.published is not None:
         log(f"{recipe.name}: published {recipe.published} ({recipe.metric})")
     log(f"wrote {ckdir / f'scores-{recipe.name}.json'}")
@@ -579,25 +701,89 @@ def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_gener
 
 # ----------------------------------------------------------------------------- training
 
+RUN_RECORD = "normplug-run.json"  # in the save dir: the recipe flags, extra args, exit status
+
+
+def recipe_changes(extra: Sequence[str]) -> List[str]:
+    """The extra fairseq-train arguments that change the recipe (``--save-dir`` does not)."""
+    return [w for key, words in split_extra(extra) if key != "save-dir" for w in ("--" + key, *words)]
+
+
+def read_run_record(save_dir: Path) -> Optional[Dict[str, object]]:
+    path = Path(save_dir) / RUN_RECORD
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def train(recipe: Recipe, save_dir=None, extra=(), data=None, log_path=None, echo=True,
           log=print) -> int:
     save_dir = Path(save_dir) if save_dir else recipe.default_save_dir()
-    # a --save-dir among the extra arguments wins
     for key, words in split_extra(extra):
-        if key == "save-dir" and words:
+        if key == "save-dir" and words:  # a --save-dir among the extra arguments wins
             save_dir = Path(words[0])
+    changes = recipe_changes(extra)
+    check_data(recipe, data)
     save_dir.mkdir(parents=True, exist_ok=True)
     argv = train_argv(recipe, save_dir=save_dir, extra=extra, data=data)
+    record = {"config": str(recipe.path), "flags": merged_flags(recipe, changes), "extra": changes,
+              "data": str(recipe.data_path(data)), "rc": None, "seconds": None}
+    (save_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     log("$ " + " ".join(shlex.quote(a) for a in argv))
+    t0 = time.time()
     rc, _ = _run(argv, log_path=log_path or save_dir / "train.log", echo=echo)
+    record.update(rc=rc, seconds=round(time.time() - t0, 1))
+    (save_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return rc
 
 
 # ----------------------------------------------------------------------------- reproduce
 
 RESULT_COLUMNS = ["config", "dataset", "setting", "norm", "paper", "metric", "published",
-                  "tokenized_bleu", "delta", "sacrebleu", "sacrebleu_signature", "recipe",
-                  "checkpoints_averaged", "train_seconds", "status"]
+                  "tokenized_bleu", "delta", "sacrebleu", "sacrebleu_references",
+                  "sacrebleu_signature", "decoded", "checkpoints_averaged", "train_seconds",
+                  "status"]
+
+
+def row_status(recipe: Recipe, run: Optional[Dict[str, object]], scored: bool) -> str:
+    """``not run``, ``failed: ...``, ``stale: ...``, ``shortened (...)`` or ``full``."""
+    if run is not None and run.get("rc") not in (0, None):
+        return f"failed: fairseq-train exited {run['rc']}"
+    if not scored:
+        return "not run"
+    if run is None:
+        return "full (training not recorded)"
+    if run.get("flags") != merged_flags(recipe, run.get("extra", [])):
+        return "stale: the config changed after this run"
+    if run.get("extra"):
+        return "shortened (extra args: " + " ".join(run["extra"]) + ")"
+    return "full"
+
+
+def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict[str, object]:
+    """One table row from what a run left in ``out/<training name>`` (``failure``: this
+    attempt failed; older scores there are not shown)."""
+    ckdir = out / recipe.training_name
+    run = read_run_record(ckdir)
+    row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting,
+           "norm": recipe.norm, "paper": recipe.paper, "metric": recipe.metric,
+           "published": recipe.published, "decoded": describe_choice(recipe.evaluate),
+           "train_seconds": run.get("seconds") if run else None}
+    try:
+        scores = None if failure else json.loads(
+            (ckdir / f"scores-{recipe.name}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        scores = None
+    row["status"] = "failed: " + failure if failure else row_status(recipe, run, scores is not None)
+    if scores:
+        row.update(tokenized_bleu=scores["tokenized_bleu"], sacrebleu=scores["sacrebleu"],
+                   sacrebleu_references=scores.get("sacrebleu_references"),
+                   sacrebleu_signature=scores["sacrebleu_signature"],
+                   checkpoints_averaged=" ".join(scores["averaged"]))
+        if recipe.published is not None:
+            row["delta"] = round(scores["tokenized_bleu"] - recipe.published, 2)
+    return row
 
 
 def _fmt(v, digits=2):
@@ -618,23 +804,28 @@ def write_results(rows, out: Path):
         "# normplug: reproduction results",
         "",
         "Ours = tokenized BLEU computed as the paper did (fairseq's scorer on the tokenized,",
-        "BPE-removed output; compound-split for WMT); Δ = ours − published.",
-        "Recipe `full` = the config as written; otherwise the extra fairseq-train",
-        "arguments that shortened or changed it (such a run is not comparable to the paper).",
+        "BPE-removed output; compound-split for WMT); Δ = ours − published. Status: `full` =",
+        "the config as written; `shortened (...)` = run with extra fairseq-train arguments",
+        "(not comparable to the paper); `not run` = no scores in this folder yet; `stale` =",
+        "scored, but the config changed after the run; `failed: ...` = why.",
         "",
-        "| config | dataset | setting | norm | published | ours | Δ | sacreBLEU | recipe | status |",
+        "| config | dataset | setting | norm | published | ours | Δ | sacreBLEU | decoded | status |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append("| " + " | ".join([
             r["config"], r["dataset"], r["setting"], r["norm"], _fmt(r.get("published"), 1),
             _fmt(r.get("tokenized_bleu")), _fmt(r.get("delta")), _fmt(r.get("sacrebleu")),
-            r["recipe"].replace("|", "\\|"), r["status"].replace("|", "\\|"),
+            r["decoded"], r["status"].replace("|", "\\|"),
         ]) + " |")
-    sigs = sorted({r["sacrebleu_signature"] for r in rows if r.get("sacrebleu_signature")})
-    lines += ["", "sacreBLEU: sacremoses-detokenized hypotheses and references of the binarized "
-              "test set; signature" + ("s" if len(sigs) > 1 else "") + ":"]
-    lines += [f"`{s}`" for s in sigs] or ["—"]
+    refs = {}
+    for r in rows:
+        if r.get("sacrebleu_references"):
+            refs.setdefault((r["sacrebleu_references"], r["sacrebleu_signature"]), []).append(r["config"])
+    lines += ["", "sacreBLEU: sacremoses-detokenized hypotheses against"]
+    lines += [f"- the {label} (`{sig}`): {', '.join(names)}" for (label, sig), names in refs.items()]
+    if not refs:
+        lines.append("- — (no row scored yet)")
     lines += ["", "Papers:", ""]
     for paper in sorted({r["paper"] for r in rows}):
         lines.append(f"- {paper}")
@@ -643,39 +834,41 @@ def write_results(rows, out: Path):
 
 
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
-              log=print) -> int:
-    """Train and evaluate each config; results.md / results.csv in ``out``. Returns an exit code."""
+              table_only=False, log=print) -> int:
+    """Train and evaluate each config (or, with ``table_only``, only read what runs left in
+    ``out``); results.md / results.csv in ``out``. Returns an exit code."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     recipes = [load_config(p) for p in config_paths]  # every config is checked before any work
     split_extra(extra)
-    recipe_label = "full" if not extra else "shortened (extra args: " + " ".join(extra) + ")"
+    if not table_only:
+        for recipe in recipes:
+            check_data(recipe, data)
     rows, trained, failed = [], {}, 0
     for recipe in recipes:
         ckdir = out / recipe.training_name
-        row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting,
-               "norm": recipe.norm, "paper": recipe.paper, "metric": recipe.metric,
-               "published": recipe.published, "recipe": recipe_label, "status": "ok"}
         try:
-            if recipe.training_name not in trained:
-                log(f"== {recipe.name}: training into {ckdir}")
-                t0 = time.time()
-                rc = train(recipe, save_dir=ckdir, extra=extra, data=data, echo=False, log=log)
-                trained[recipe.training_name] = (rc, round(time.time() - t0, 1))
-            rc, seconds = trained[recipe.training_name]
-            row["train_seconds"] = seconds
-            if rc != 0:
-                raise RuntimeError(f"fairseq-train exited {rc}; see {ckdir / 'train.log'}")
-            log(f"== {recipe.name}: evaluating")
-            scores = evaluate(recipe, ckdir, data=data, log=log)
-            row.update(tokenized_bleu=scores["tokenized_bleu"], sacrebleu=scores["sacrebleu"],
-                       sacrebleu_signature=scores["sacrebleu_signature"],
-                       checkpoints_averaged=" ".join(scores["averaged"]))
-            if recipe.published is not None:
-                row["delta"] = round(scores["tokenized_bleu"] - recipe.published, 2)
+            if not table_only:
+                if recipe.training_name not in trained:
+                    run = read_run_record(ckdir)
+                    if (run and run.get("rc") == 0
+                            and run.get("flags") == merged_flags(recipe, recipe_changes(extra))):
+                        # a finished run; fairseq-train would resume a patience-stopped one
+                        log(f"== {recipe.name}: reusing the finished run in {ckdir}")
+                        rc = 0
+                    else:
+                        log(f"== {recipe.name}: training into {ckdir}")
+                        rc = train(recipe, save_dir=ckdir, extra=extra, data=data, echo=False, log=log)
+                    trained[recipe.training_name] = rc
+                if trained[recipe.training_name] != 0:
+                    raise RuntimeError(f"fairseq-train exited {trained[recipe.training_name]}; "
+                                       f"see {ckdir / 'train.log'}")
+                log(f"== {recipe.name}: evaluating")
+                evaluate(recipe, ckdir, data=data, log=log)
+            row = result_row(recipe, out)
         except (RuntimeError, ConfigError, OSError) as err:
             failed += 1
-            row["status"] = "failed: " + " ".join(str(err).split())[:300]
+            row = result_row(recipe, out, failure=" ".join(str(err).split())[:300])
             log(f"== {recipe.name}: {row['status']}")
         rows.append(row)
         write_results(rows, out)  # after every config: partial results survive a crash
@@ -707,17 +900,20 @@ def main(argv=None) -> int:
                        allow_abbrev=False)
     p.add_argument("config")
     p.add_argument("--data", help="binarized data folder (default: the config's)")
-    p = sub.add_parser("evaluate", help="average, decode, score (tokenized BLEU and sacreBLEU)",
+    p = sub.add_parser("evaluate", help="pick/average checkpoints, decode, score (tokenized BLEU, sacreBLEU)",
                        allow_abbrev=False)
     p.add_argument("config")
     p.add_argument("--checkpoint-dir", help="save dir of the run (default checkpoints/<name>)")
-    p.add_argument("--checkpoint", help="score this checkpoint instead of averaging")
+    p.add_argument("--checkpoint", help="decode this checkpoint instead of the config's choice")
     p.add_argument("--data", help="binarized data folder (default: the config's)")
     p = sub.add_parser("reproduce", help="train + evaluate configs; results.md/.csv",
                        allow_abbrev=False)
     p.add_argument("configs", nargs="+")
     p.add_argument("--out", default="runs/reproduce", help="output folder (default %(default)s)")
     p.add_argument("--data", help="binarized data folder for every config (default: each config's)")
+    p.add_argument("--table-only", action="store_true",
+                   help="train and evaluate nothing: tabulate the scores the runs in --out left "
+                        "(rows without scores: 'not run')")
     p = sub.add_parser("check", help="validate configs")
     p.add_argument("configs", nargs="+")
 
@@ -741,7 +937,11 @@ def main(argv=None) -> int:
             evaluate(recipe, args.checkpoint_dir, data=args.data, checkpoint=args.checkpoint,
                      extra_generate=extra)
         elif args.cmd == "reproduce":
-            return reproduce(args.configs, args.out, extra=extra, data=args.data)
+            if args.table_only and extra:
+                raise ConfigError("--table-only trains nothing: extra fairseq-train arguments "
+                                  f"({' '.join(extra)}) have no effect")
+            return reproduce(args.configs, args.out, extra=extra, data=args.data,
+                             table_only=args.table_only)
         elif args.cmd == "check":
             for path in args.configs:
                 recipe = load_config(path)

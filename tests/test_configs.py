@@ -1,6 +1,9 @@
-"""configs/*.yaml: every published row has a config, every config is complete, and
-fairseq-train accepts its arguments (parsed in-process; model and criterion built and
-run on a tiny corpus with shrunk dimensions). Bad configs fail with one clear line."""
+"""configs/*.yaml: every published row has a config, each follows its paper's released
+scripts (value by value), its notes cite the release, and fairseq-train accepts its
+arguments (parsed in-process; model and criterion built and run on a tiny corpus with
+shrunk dimensions). Bad configs fail with one clear line; data made with another BPE
+is refused; WMT sacreBLEU is scored against sacrebleu's official references."""
+import json
 import math
 import re
 import subprocess
@@ -24,7 +27,8 @@ def _id(path):
     return str(path.relative_to(REPO / "configs"))
 
 
-# every translation row of SPEC §4: (dataset, setting, norm) -> published BLEU
+# every published translation row: (dataset, setting, norm) -> BLEU. Xu et al.'s are in the
+# authors' poster (lancopku/AdaNorm adanorm_poster.pdf, Tables 1-3): En-Vi LN-simple is 31.6
 PUBLISHED = {
     ("IWSLT14 De-En", "Post-Norm", "BN"): 34.0,
     ("IWSLT14 De-En", "Post-Norm", "RBN"): 35.5,
@@ -61,7 +65,7 @@ def test_every_published_row_has_exactly_one_config():
         key = _row_key(r)
         assert key not in rows, f"{path.name} and {rows[key]} are the same row {key}"
         rows[key] = path.name
-        assert key in PUBLISHED, f"{path.name}: {key} is not a published row of SPEC §4"
+        assert key in PUBLISHED, f"{path.name}: {key} is not a published row"
         assert r.published == PUBLISHED[key], path.name
     assert set(rows) == set(PUBLISHED), set(PUBLISHED) - set(rows)
 
@@ -76,7 +80,7 @@ def test_config_is_complete(path):
                 "max-tokens", "dropout", "seed", "share-all-embeddings", "clip-norm",
                 "weight-decay", "adam-betas"):
         assert key in r.train, f"{path.name}: train.{key} missing"
-    assert "max-epoch" in r.train or "max-update" in r.train
+    assert {"max-epoch", "max-update", "patience"} & set(r.train)  # a stopping rule
     if r.published is not None:
         assert "BLEU" in r.metric
     if "rbn" in r.train["arch"]:
@@ -84,58 +88,138 @@ def test_config_is_complete(path):
         assert "rbn-mean-weight" in r.train and "rbn-var-weight" in r.train
 
 
-def _prepare_dest(script):
+RELEASES = ("wjxts/RegularizedBN@57a5394", "lancopku/AdaNorm@546faea", "sIncerass/powernorm@9ea6226")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_id)
+def test_notes_cite_the_release_and_the_published_number(path):
+    r = load_config(path)
+    first = r.notes[0]
+    released = first.startswith("Release: ") and any(rel in first for rel in RELEASES)
+    assert released or first.startswith("No script was released"), first
+    assert re.search(r"\.sh|README\.md", first), "the note names the script's path"
+    published = [n for n in r.notes if n.startswith("Published: ")]
+    assert len(published) == 1 and published[0].startswith(f"Published: {r.published}")
+    if released:  # what still differs from the script, item by item
+        assert any(n.startswith("Differs") for n in r.notes)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_id)
+def test_batch_statistics_models_log_tid(path):
+    """BN and PowerNorm rows train with the RBN criterion, at zero weights for the baselines,
+    so every such run logs TID (tests/test_criterion.py: zero weights change nothing else)."""
+    r = load_config(path)
+    kind = r.train["arch"].split("_")[-2 if r.train["arch"].endswith("_prenorm") else -1]
+    if kind in ("bn", "rbn", "pn"):
+        assert r.train["criterion"] == "label_smoothed_cross_entropy_rbn"
+        weights = (r.train["rbn-mean-weight"], r.train["rbn-var-weight"])
+        assert (weights != (0, 0)) == (kind == "rbn")
+    else:
+        assert r.train["criterion"] == "label_smoothed_cross_entropy"
+
+
+def _prepare_default(script, var):
     text = (REPO / "scripts" / script).read_text()
-    return "data/data-bin/" + re.search(r"^PL_DEST_NAME=(\S+)", text, re.M).group(1)
+    return re.search(rf"^{var}=(\S+)", text, re.M).group(1)
 
 
 DATA_OF = {
-    "IWSLT14 De-En": ("prepare-iwslt14.sh", "de", "en", "sentencepiece"),
-    "WMT16 En-De": ("prepare-wmt16.sh", "en", "de", "subword_nmt"),
-    "IWSLT15 En-Vi": ("prepare-iwslt15-envi.sh", "en", "vi", "sentencepiece"),
+    "IWSLT14 De-En": ("prepare-iwslt14.sh", "de", "en"),
+    "WMT16 En-De": ("prepare-wmt16.sh", "en", "de"),
+    "IWSLT15 En-Vi": ("prepare-iwslt15-envi.sh", "en", "vi"),
 }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_id)
-def test_data_path_is_what_the_prepare_script_writes(path):
+def test_data_is_what_the_prepare_script_makes_by_default(path):
+    """Path, languages, the BPE to remove and the casing of scripts/prepare-*.sh's defaults."""
+    from prepare_text import REMOVE_BPE
+
     r = load_config(path)
-    script, src, tgt, bpe = DATA_OF[r.dataset]
-    assert r.data == _prepare_dest(script)
+    script, src, tgt = DATA_OF[r.dataset]
+    assert r.data == "data/data-bin/" + _prepare_default(script, "PL_DEST_NAME")
     assert (r.source_lang, r.target_lang) == (src, tgt)
-    assert r.evaluate["remove_bpe"] == bpe
+    assert r.evaluate["remove_bpe"] == REMOVE_BPE[_prepare_default(script, "PL_BPE")]
+    assert r.evaluate["lowercase"] == (_prepare_default(script, "PL_LOWERCASED") == "1")
+
+
+def _paper(r):
+    return r.name.split("-")[0]
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_id)
-def test_spec_recipe_values(path):
-    """SPEC §4 recipes, value by value."""
+def test_released_recipe_values(path):
+    """Each paper's released scripts, value by value (WMT16: fairseq's scaling_nmt recipe)."""
     r = load_config(path)
     t, ev = r.train, r.evaluate
     pre = r.setting == "Pre-Norm"
     arch = t["arch"]
     assert arch.endswith("_prenorm") == pre
-    assert t["share-all-embeddings"] is True
+    assert t["share-all-embeddings"] is True and t["seed"] == 1
     assert t["optimizer"] == "adam" and t["adam-betas"] == "(0.9, 0.98)"
     assert t["clip-norm"] == 0 and t["label-smoothing"] == 0.1
     assert t["max-tokens"] == 4096 and t["lr-scheduler"] == "inverse_sqrt"
     assert "fp16" not in t  # fp32
-    if r.dataset.startswith("IWSLT"):
-        assert arch.startswith("transformer_iwslt_de_en_")
-        assert (t["dropout"], t["attention-dropout"], t["activation-dropout"]) == (0.3, 0.1, 0.1)
-        assert t["weight-decay"] == 0.0001 and t["warmup-updates"] == 8000
-        assert t["max-epoch"] == 60 and t.get("update-freq", 1) == 1
-        if pre:
-            assert t["lr"] == 0.0015 and t["warmup-init-lr"] == 1e-7 and t["stop-min-lr"] == 1e-9
-        else:
-            assert t["lr"] == 0.0005
-        assert ev["average_last_epochs"] == 6 and t["keep-last-epochs"] >= 6
-        assert (ev["beam"], ev["lenpen"], ev["max_len_a"], ev["max_len_b"]) == (5, 1, 1, 50)
-        assert ev["compound_split"] is False
-    else:
+    assert ev["compound_split"] == (r.dataset == "WMT16 En-De")
+    if r.dataset == "WMT16 En-De":  # no release: scaling_nmt on the base model
         assert arch.startswith("transformer_wmt_en_de_")
-        assert ev["compound_split"] is True
-    if "rbn" in arch:
-        weights = (t["rbn-mean-weight"], t["rbn-var-weight"])
-        assert weights == ((0.1, 0.01) if pre else (60, 0))
+        assert (ev["beam"], ev["lenpen"], ev["max_len_a"], ev["max_len_b"]) == (4, 0.6, 0, 200)
+        # the last N update checkpoints, the last one written at max-update
+        assert t["no-epoch-checkpoints"] is True and "max-epoch" not in t
+        assert ev["average_last_updates"] == t["keep-interval-updates"]
+        assert t["max-update"] % t["save-interval-updates"] == 0
+        assert ev["sacrebleu_test_set"] == "wmt14/full"
+        return
+    assert arch.startswith("transformer_iwslt_de_en_") and ev["sacrebleu_test_set"] is None
+    assert (t["dropout"], t["attention-dropout"], t["activation-dropout"]) == (0.3, 0.1, 0.1)
+    assert t["weight-decay"] == 0.0001 and t["warmup-updates"] == 8000
+    if pre:
+        assert t["lr"] == 0.0015 and t["warmup-init-lr"] == 1e-7 and t["stop-min-lr"] == 1e-9
+    else:
+        assert t["lr"] == 0.0005 and t["warmup-init-lr"] == 0
+    assert (ev["beam"], ev["lenpen"]) == (5, 1)
+    paper = _paper(r)
+    if paper == "wang2022":  # iwslt14_bash/train-iwslt14-{post,pre}-max-epoch.sh
+        assert t["max-epoch"] == 60 and t["update-freq"] == 1 and t["keep-last-epochs"] == 7
+        assert ev["average_last_epochs"] == 6
+        assert (ev["max_len_a"], ev["max_len_b"], ev["batch_size"]) == (1, 50, 64)
+        assert (t["encoder-ffn-init"], t["decoder-ffn-init"], t["attn-init"]) == \
+            ("pytorch", "xavier", "fairseq")
+        if "rbn" in arch:
+            assert (t["rbn-mean-weight"], t["rbn-var-weight"]) == ((0.1, 0.01) if pre else (60, 0))
+    elif paper == "xu2019":  # machine translation/baseline-prenorm-km.sh, README.md
+        assert t["update-freq"] == 2 and "max-epoch" not in t
+        assert t["max-update"] == (30000 if r.norm == "no norm" else 90000)
+        assert t["no-epoch-checkpoints"] is True
+        assert (t["save-interval-updates"], t["keep-interval-updates"]) == (10000, 5)
+        assert ev["checkpoint"] == "best"  # no averaging
+        assert (ev["max_len_a"], ev["max_len_b"], ev["batch_size"]) == (0, 200, 128)
+        assert (t["attn-init"], t["encoder-ffn-init"], t["decoder-ffn-init"]) == \
+            ("kaiming", "xavier", "xavier")
+        # only the stacks' final norms are swapped, for every variant
+        final = {"LN": "layer", "LN-simple": "layer_simple", "DetachNorm": "detach",
+                 "AdaNorm": "adanorm", "no norm": "identity"}[r.norm]
+        assert arch == "transformer_iwslt_de_en_ln_prenorm"
+        assert t.get("encoder-norm", "layer") == t.get("decoder-norm", "layer") == "layer"
+        assert t.get("encoder-final-norm", "layer") == t.get("decoder-final-norm", "layer") == final
+        if r.norm == "AdaNorm":
+            assert (t["adanorm-k"], t["adanorm-scale"]) == (0.1, 1.0)  # the README's command
+        if r.norm == "DetachNorm":
+            assert t["detach-mode"] == "both"
+    elif paper == "shen2020":  # trans-scripts/train/train-iwslt14.sh
+        assert t["patience"] == 5 and not {"max-epoch", "max-update"} & set(t)
+        assert "save-interval-updates" not in t  # mid-epoch validations would count as patience
+        assert t["update-freq"] == 1 and t["keep-last-epochs"] == 5
+        assert ev["average_last_epochs"] == 5
+        assert (ev["max_len_a"], ev["max_len_b"], ev["batch_size"]) == (0, 200, 128)
+        assert (t["encoder-ffn-init"], t["decoder-ffn-init"], t["attn-init"]) == \
+            ("xavier", "xavier", "fairseq")
+        assert r.shares_training_with is None  # the two releases differ
+        if r.norm == "PowerNorm":
+            assert arch == "transformer_iwslt_de_en_pn_prenorm"
+            assert (t["power-warmup"], t["power-final-warmup"], t["power-groups"]) == (8000, 1000, 4)
+    else:
+        raise AssertionError(f"{path.name}: unknown paper {paper}")
     if "teststats" in r.name:
         assert ev["model_overrides"] == {"bn_test_stats": "batch"}
         assert r.shares_training_with
@@ -146,7 +230,8 @@ def test_spec_recipe_values(path):
 def test_shared_trainings_are_identical_trainings():
     by_name = {load_config(p).name: load_config(p) for p in CONFIGS}
     shared = [r for r in by_name.values() if r.shares_training_with]
-    assert len(shared) == 3
+    assert sorted(r.name for r in shared) == ["wang2022-iwslt14-deen-post-bn-teststats",
+                                              "wang2022-iwslt14-deen-pre-bn-teststats"]
     for r in shared:
         base = by_name[r.shares_training_with]
         assert base.shares_training_with is None
@@ -183,6 +268,14 @@ def test_full_size_arguments_parse(path, tiny_data, tmp_path):
     assert args.share_all_embeddings and args.cpu
     assert math.isclose(args.lr[0], float(r.train["lr"]))
     assert args.criterion == r.train["criterion"]
+    for key, value in r.train.items():  # fairseq read every flag as the config means it
+        parsed = getattr(args, key.replace("-", "_"))
+        if isinstance(parsed, list) and len(parsed) == 1:
+            parsed = parsed[0]  # --lr, --update-freq
+        if isinstance(value, bool) or isinstance(value, str):
+            assert parsed == value, key
+        else:
+            assert math.isclose(float(parsed), float(value)), key
     if path in CONFIGS:
         prefix = next(p for p in SHAPES if r.train["arch"].startswith(p))
         embed, ffn, heads, layers = SHAPES[prefix]
@@ -217,8 +310,8 @@ def test_dry_run_builds_and_runs_model_and_criterion(path, tiny_data, tmp_path):
     loss, sample_size, logs = criterion(model, sample)
     loss.backward()
     assert torch.isfinite(loss) and sample_size > 0
-    if r.train["criterion"].endswith("_rbn"):
-        assert "rbn_penalty" in logs
+    if r.train["criterion"].endswith("_rbn"):  # every BN/PN layer's TID is logged
+        assert "rbn_penalty" in logs and any(k.startswith("tid_var/") for k in logs)
     overrides = r.evaluate["model_overrides"]
     if overrides:  # the evaluation's --model-overrides build and run too
         for key, value in overrides.items():
@@ -254,10 +347,15 @@ def test_generate_argv_and_scoring_helpers():
     argv = recipes.generate_argv(r, "avg.pt", gpu=False)
     assert argv[argv.index("--model-overrides") + 1] == "{'bn_test_stats': 'batch'}"
     for flag, value in (("--beam", "5"), ("--lenpen", "1.0"), ("--max-len-a", "1"),
-                        ("--max-len-b", "50"), ("--remove-bpe", "sentencepiece"),
+                        ("--max-len-b", "50"), ("--remove-bpe", "@@ "),
                         ("--scoring", "bleu"), ("--gen-subset", "test"), ("--batch-size", "64")):
         assert argv[argv.index(flag) + 1] == value, flag
     assert "--cpu" in argv
+    # Xu et al. and Shen et al. decode with fairseq's default maximum length
+    argv = recipes.generate_argv(load_config(REPO / "configs" / "xu2019-iwslt14-deen-pre-ln.yaml"),
+                                 "checkpoint_best.pt", gpu=True)
+    assert argv[argv.index("--max-len-a") + 1] == "0" and argv[argv.index("--max-len-b") + 1] == "200"
+    assert "--cpu" not in argv
     # fairseq's compound_split_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
     assert recipes.compound_split("a well-known x-ray - b") == \
         "a well ##AT##-##AT## known x ##AT##-##AT## ray - b"
@@ -267,9 +365,10 @@ def test_generate_argv_and_scoring_helpers():
     low, _ = recipes.tokenized_bleu(["The Cat sat on the mat"], ["the cat sat on the mat"],
                                     lowercase=True)
     assert low == pytest.approx(100.0)
-    s, sig = recipes.detokenized_sacrebleu(["the cat sat on the mat ."],
-                                           ["the cat sat on the mat ."], "en")
-    assert s == pytest.approx(100.0) and sig.startswith("nrefs:1|")
+    assert recipes.detokenize(["the cat sat on the mat ."], "en") == ["the cat sat on the mat."]
+    s, sig = recipes.sacrebleu_score(["The cat sat on the mat."], ["the cat sat on the mat."],
+                                     lowercase=True)
+    assert s == pytest.approx(100.0) and sig.startswith("nrefs:1|case:lc|")
 
 
 def test_parse_generate_output():
@@ -297,6 +396,17 @@ GOOD = (REPO / "configs" / "demo" / "bn.yaml").read_text()
     (lambda t: t.replace("  beam: 5\n", ""), r"evaluate: missing key 'beam' \(valid keys: "),
     (lambda t: t.replace("  beam: 5\n", "  beams: 5\n"), r"evaluate: unknown key 'beams'"),
     (lambda t: t.replace("  beam: 5\n", "  beam: 0\n"), r"evaluate: 'beam' must be >= 1"),
+    (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: best\n  average_last_epochs: 1 "),
+     r"evaluate: set exactly one of .* got 'checkpoint' and 'average_last_epochs'"),
+    (lambda t: t.replace("  average_last_epochs: 1 ", "  gen_subset: test "),
+     r"evaluate: set exactly one of 'checkpoint', 'average_last_epochs', 'average_last_updates' "
+     r"\(which checkpoint is decoded\), got none"),
+    (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: newest "),
+     r"evaluate: 'checkpoint' must be one of best, last, got 'newest'"),
+    (lambda t: t.replace("  average_last_epochs: 1 ", "  average_last_updates: 0 "),
+     r"evaluate: 'average_last_updates' must be >= 1, got 0"),
+    (lambda t: t.replace("  detok_lang: en\n", "  detok_lang: en\n  sacrebleu_test_set: wmt99\n"),
+     r"sacrebleu_test_set 'wmt99' is not a sacrebleu test set"),
     (lambda t: t.replace("notes:\n", "notes: [\n"), r"not valid YAML"),
     (lambda t: "- a\n- b\n", r"must be a YAML mapping"),
 ])
@@ -326,3 +436,95 @@ def test_bad_config_on_the_command_line(tmp_path):
                              capture_output=True, text=True, timeout=120,
                              env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
     assert missing.returncode == 2 and "no.yaml: config file not found" in missing.stderr
+
+
+# --------------------------------------------------------------------------- data and references
+
+def _config_on(tmp_path, data, remove_bpe="null"):
+    path = tmp_path / f"demo-{len(list(tmp_path.glob('*.yaml')))}.yaml"
+    path.write_text(GOOD.replace("data: demo-out/data-bin/synthetic", f"data: {data}")
+                    .replace("  remove_bpe: null ", f"  remove_bpe: {remove_bpe} "))
+    return path
+
+
+def test_data_made_with_another_bpe_is_refused(tmp_path):
+    """prepare.json (scripts/prepare-*.sh) says which --remove-bpe the data needs."""
+    data = tmp_path / "data"
+    data.mkdir()
+    config = _config_on(tmp_path, data, remove_bpe='"@@ "')
+    recipes.check_data(load_config(config))  # no prepare.json: data made otherwise, no check
+    (data / "prepare.json").write_text(json.dumps(
+        {"dataset": "iwslt14.de-en", "bpe": "sentencepiece", "bpe_size": 10000,
+         "remove_bpe": "sentencepiece", "sizes": {"train": 3, "valid": 1, "test": 1}}))
+    with pytest.raises(ConfigError) as err:
+        recipes.check_data(load_config(config))
+    text = str(err.value)
+    assert "\n" not in text and 'remove_bpe is "@@ ", but the data needs "sentencepiece"' in text
+    recipes.check_data(load_config(_config_on(tmp_path, data, remove_bpe="sentencepiece")))
+    # on the command line: one error line, before any decoding
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "evaluate.sh"), str(config),
+                           "--checkpoint-dir", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"normplug: error: {text}"]
+
+
+WMT = REPO / "configs" / "wang2022-wmt16-ende-post-ln.yaml"
+
+
+def test_wmt_sacrebleu_uses_the_official_references(tmp_path, monkeypatch):
+    import sacrebleu.utils
+
+    official = ["Ein Haus am See.", "Der well-known Test."]
+    ref_file = tmp_path / "wmt14_full.en-de.ref"
+    ref_file.write_text("\n".join(official) + "\n")
+    asked = []
+    monkeypatch.setattr(sacrebleu.utils, "get_reference_files",
+                        lambda test_set, langpair: asked.append((test_set, langpair)) or [str(ref_file)])
+    assert recipes.official_references("wmt14/full", "en-de") == official
+    assert asked == [("wmt14/full", "en-de")]
+
+    r = load_config(WMT)
+    hyps = ["ein Haus am See .", "Der well-known Test ."]  # tokenized system output
+    refs = ["ein Haus am See .", "Der well-known Test ."]  # the binarized test set's references
+    scores = recipes.score(r, hyps, refs, official=official)
+    assert scores["sacrebleu_references"] == "official wmt14/full en-de references (cased)"
+    assert scores["sacrebleu"] < 100  # cased: 'ein' is not 'Ein'
+    assert scores["tokenized_bleu"] == 100.0  # tokenized BLEU stays on the binarized references
+    assert "case:mixed" in scores["sacrebleu_signature"]
+    with pytest.raises(RuntimeError, match="binarized test set has 1 sentences, the official "
+                                           "wmt14/full en-de references 2"):
+        recipes.score(r, hyps[:1], refs[:1], official=official)
+    iwslt = recipes.score(load_config(REPO / "configs" / "xu2019-iwslt14-deen-pre-ln.yaml"),
+                          ["the house ."], ["the house ."])
+    assert iwslt["sacrebleu_references"].startswith("lowercased references of the binarized test set")
+
+
+def test_wmt_references_offline_give_one_line_and_leave_no_lock(tmp_path, monkeypatch):
+    """sacrebleu's own download path, offline: one clear error, $SACREBLEU left as it was."""
+    import urllib.error
+    import urllib.request
+
+    import sacrebleu.utils
+    from sacrebleu.dataset import DATASETS
+
+    root = tmp_path / "sacrebleu"
+    dataset = DATASETS["wmt14/full"]
+    monkeypatch.setattr(sacrebleu.utils, "SACREBLEU_DIR", str(root))
+    monkeypatch.setattr(dataset, "_outdir", str(root / "wmt14/full"))
+    monkeypatch.setattr(dataset, "_rawdir", str(root / "wmt14/full/raw"))
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    root.mkdir()
+    with pytest.raises(RuntimeError) as err:
+        recipes.official_references("wmt14/full", "en-de")
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith("cannot fetch the official wmt14/full en-de references (<urlopen error")
+    assert f"into {root / 'wmt14/full'}: offline, copy that folder" in text
+    assert "sacrebleu -t wmt14/full -l en-de --echo ref" in text
+    assert list(root.iterdir()) == []  # no lock file, no empty folders left behind

@@ -1,5 +1,6 @@
-"""scripts/reproduce.sh end to end on the tiny corpus: two tiny demo-like configs,
-a handful of updates each, results.md and results.csv with the expected rows/columns."""
+"""scripts/reproduce.sh: end to end on the tiny corpus (two tiny configs, a handful of
+updates each, one averaging epoch and one update checkpoints), a finished run reused,
+and the table of every row -- run, shortened, not run, failed, stale -- with --table-only."""
 import pytest
 import csv
 import json
@@ -47,8 +48,8 @@ train:
   num-workers: 0
   log-format: simple
   log-interval: 1
-evaluate:
-  average_last_epochs: 2
+{checkpoints}evaluate:
+  {choice}
   beam: 2
   lenpen: 1.0
   max_len_a: 1
@@ -60,66 +61,104 @@ notes:
 """
 
 
-def write_config(folder, name, norm, arch, published, data, rbn=False):
+def write_config(folder, name, norm, arch, published, data, rbn=False, updates=False):
+    """A tiny config; ``updates``: average the last 2 update checkpoints (every 3 updates, no
+    epoch checkpoints, as the WMT configs), else the last 2 epoch checkpoints."""
     criterion = ("  criterion: label_smoothed_cross_entropy_rbn\n  label-smoothing: 0.1\n"
                  "  rbn-mean-weight: 60\n  rbn-var-weight: 0\n") if rbn else \
         "  criterion: label_smoothed_cross_entropy\n  label-smoothing: 0.1\n"
+    checkpoints = ("  no-epoch-checkpoints: true\n  save-interval-updates: 3\n"
+                   "  keep-interval-updates: 2\n") if updates else ""
+    choice = "average_last_updates: 2" if updates else "average_last_epochs: 2"
     path = folder / f"{name}.yaml"
     path.write_text(TINY_CONFIG.format(name=name, norm=norm, arch=arch, published=published,
-                                       data=data, criterion=criterion))
+                                       data=data, criterion=criterion, checkpoints=checkpoints,
+                                       choice=choice))
     return path
+
+
+def table(out):
+    rows = list(csv.DictReader(open(out / "results.csv", newline="")))
+    assert list(rows[0]) == RESULT_COLUMNS
+    md = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("|")]
+    return rows, md
 
 
 @pytest.mark.slow
 def test_reproduce_writes_results_table(tiny_data, tmp_path):
     ln = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.5, tiny_data)
     rbn = write_config(tmp_path, "tiny-rbn", "RBN", "transformer_iwslt_de_en_rbn", "null",
-                       tiny_data, rbn=True)
+                       tiny_data, rbn=True, updates=True)
+    never = write_config(tmp_path, "tiny-never", "BN", "transformer_iwslt_de_en_bn", 2.0, tiny_data)
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, PYTHONWARNINGS="ignore")
-    # the configs train 5 epochs; the extra argument shortens that to 2 (~10 updates)
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), str(ln), str(rbn),
-                           "--out", str(out), "--", "--max-epoch", "2"],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    rows = list(csv.DictReader(open(out / "results.csv", newline="")))
-    assert list(rows[0]) == RESULT_COLUMNS
+    def reproduce(*args):
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), *map(str, args)],
+                              capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    # the configs train 5 epochs; the extra argument shortens that to 2 (~10 updates)
+    reproduce(ln, rbn, "--out", out, "--", "--max-epoch", "2")
+    rows, md = table(out)
     assert [r["config"] for r in rows] == ["tiny-ln", "tiny-rbn"]
     for r in rows:
-        assert r["status"] == "ok"
-        assert r["recipe"] == "shortened (extra args: --max-epoch 2)"
+        assert r["status"] == "shortened (extra args: --max-epoch 2)"
         assert 0 <= float(r["tokenized_bleu"]) <= 100 and 0 <= float(r["sacrebleu"]) <= 100
         assert r["sacrebleu_signature"].startswith("nrefs:1|")
-        assert r["checkpoints_averaged"] == "checkpoint1.pt checkpoint2.pt"
+        assert r["sacrebleu_references"] == ("cased references of the binarized test set, "
+                                             "sacremoses-detokenized")
+        assert float(r["train_seconds"]) > 0
+    assert rows[0]["decoded"] == "average of the last 2 epoch checkpoints"
+    assert rows[0]["checkpoints_averaged"] == "checkpoint1.pt checkpoint2.pt"
+    assert rows[1]["decoded"] == "average of the last 2 update checkpoints"
+    averaged = rows[1]["checkpoints_averaged"].split()
+    kept = sorted((out / "tiny-rbn").glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+    assert averaged == [p.name for p in kept] and len(kept) == 2  # keep-interval-updates 2
+    assert not list((out / "tiny-rbn").glob("checkpoint[0-9]*.pt"))  # no epoch checkpoints
     assert rows[0]["published"] == "1.5"
     assert float(rows[0]["delta"]) == round(float(rows[0]["tokenized_bleu"]) - 1.5, 2)
     assert rows[1]["published"] == "" and rows[1]["delta"] == ""
+    assert md[0] == ("| config | dataset | setting | norm | published | ours | Δ | sacreBLEU "
+                     "| decoded | status |")
+    assert md[2].startswith("| tiny-ln | tiny (tests/conftest.py) | Post-Norm | LN | 1.5 | ")
+    assert md[3].startswith("| tiny-rbn | tiny (tests/conftest.py) | Post-Norm | RBN | — | ")
+    assert len(md) == 4 and md[2].endswith("| shortened (extra args: --max-epoch 2) |")
+    text = (out / "results.md").read_text()
+    assert "test paper LN" in text and "nrefs:1|" in text
+    assert "- the cased references of the binarized test set" in text
 
-    md = (out / "results.md").read_text()
-    table = [line for line in md.splitlines() if line.startswith("|")]
-    assert table[0] == ("| config | dataset | setting | norm | published | ours | Δ | sacreBLEU "
-                        "| recipe | status |")
-    assert table[2].startswith("| tiny-ln | tiny (tests/conftest.py) | Post-Norm | LN | 1.5 | ")
-    assert table[3].startswith("| tiny-rbn | tiny (tests/conftest.py) | Post-Norm | RBN | — | ")
-    assert len(table) == 4 and "shortened (extra args: --max-epoch 2)" in table[2]
-    assert "test paper LN" in md and "nrefs:1|" in md
-
-    # each run: 2 epoch checkpoints averaged (normplug-average), scores next to them
+    # each run: checkpoints averaged (normplug-average), scores next to them
     for name in ("tiny-ln", "tiny-rbn"):
         run = out / name
-        assert (run / "checkpoint2.pt").exists() and not (run / "checkpoint3.pt").exists()
-        assert (run / "averaged_last2.pt").exists()
         scores = json.loads((run / f"scores-{name}.json").read_text())
         assert scores["sentences"] == 24
-        assert scores["averaged"] == ["checkpoint1.pt", "checkpoint2.pt"]
-        assert scores["tokenized_bleu"] == float(rows[[r["config"] for r in rows].index(name)]
-                                                 ["tokenized_bleu"])
         # fairseq-generate's own scorer agrees with ours (same tokens, same BLEU)
         assert abs(scores["fairseq_generate_bleu"] - scores["tokenized_bleu"]) < 0.01
         log = (run / "train.log").read_text()
         assert "--max-epoch 2" in log or "max_epoch': 2" in log or "max_epoch=2" in log
+    assert (out / "tiny-ln" / "checkpoint2.pt").exists() and not (out / "tiny-ln" / "checkpoint3.pt").exists()
+    assert (out / "tiny-ln" / "averaged_last2.pt").exists()
+    assert (out / "tiny-rbn" / "averaged_last2_updates.pt").exists()
     assert "rbn_penalty" in (out / "tiny-rbn" / "train.log").read_text()
+
+    # a finished run is reused, not trained again (a patience-stopped run would resume)
+    before = (out / "tiny-ln" / "train.log").stat().st_mtime_ns
+    stdout = reproduce(ln, "--out", out, "--", "--max-epoch", "2")
+    assert "reusing the finished run" in stdout
+    assert (out / "tiny-ln" / "train.log").stat().st_mtime_ns == before
+
+    # every row, run or not, without training anything
+    reproduce("--table-only", ln, never, rbn, "--out", out)
+    rows, md = table(out)
+    assert [(r["config"], r["status"]) for r in rows] == [
+        ("tiny-ln", "shortened (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
+        ("tiny-rbn", "shortened (extra args: --max-epoch 2)")]
+    assert rows[1]["tokenized_bleu"] == "" and rows[1]["published"] == "2.0"
+    assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | 2.0 | — | — | — | "
+                     "average of the last 2 epoch checkpoints | not run |")
+    assert not (out / "tiny-never").exists()
 
 
 @pytest.mark.slow
@@ -134,3 +173,49 @@ def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data):
     assert proc.returncode == 2
     assert f"normplug: error: {bad}: evaluate: missing key 'beam'" in proc.stderr
     assert not (tmp_path / "out" / "tiny-ln").exists()
+
+
+def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
+    """--table-only reads scores and run records: full, shortened, stale, failed, not run."""
+    import recipes
+
+    names = ["full", "short", "stale", "failed", "never", "unrecorded"]
+    configs = {n: write_config(tmp_path, n, "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data)
+               for n in names}
+    out = tmp_path / "out"
+    for name, extra in (("full", []), ("short", ["--max-update", "9"]), ("stale", []),
+                        ("failed", []), ("unrecorded", None)):
+        run = out / name
+        run.mkdir(parents=True)
+        (run / f"scores-{name}.json").write_text(json.dumps({
+            "tokenized_bleu": 1.25, "sacrebleu": 1.5, "sacrebleu_signature": "nrefs:1|x",
+            "sacrebleu_references": "cased references of the binarized test set",
+            "averaged": ["checkpoint4.pt", "checkpoint5.pt"]}))
+        if extra is None:
+            continue  # scores without a run record: trained by other means
+        recipe = recipes.load_config(configs[name])
+        flags = recipes.merged_flags(recipe, extra)
+        if name == "stale":
+            flags["lr"] = ["0.5"]  # the config changed after the run
+        (run / recipes.RUN_RECORD).write_text(json.dumps(
+            {"flags": flags, "extra": extra, "rc": 1 if name == "failed" else 0, "seconds": 3.0}))
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "recipes.py"), "reproduce",
+                           "--table-only", *map(str, configs.values()), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stderr
+    rows, md = table(out)
+    assert {r["config"]: r["status"] for r in rows} == {
+        "full": "full", "short": "shortened (extra args: --max-update 9)",
+        "stale": "stale: the config changed after this run", "failed": "failed: fairseq-train exited 1",
+        "never": "not run", "unrecorded": "full (training not recorded)"}
+    full = rows[0]
+    assert (full["tokenized_bleu"], full["delta"], full["sacrebleu"], full["train_seconds"]) == \
+        ("1.25", "0.25", "1.5", "3.0")
+    assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | 1.0 | 1.25 | 0.25 | 1.50 | "
+                     "average of the last 2 epoch checkpoints | full |")
+    # extra training arguments make no sense without training
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "recipes.py"), "reproduce",
+                           "--table-only", str(configs["full"]), "--out", str(out), "--", "--lr", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "normplug: error: --table-only trains nothing" in proc.stderr
