@@ -220,6 +220,7 @@ def golden_archive(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_iwslt14_golden_fairseq_script(tmp_path, golden_archive):
     """Byte-identical to fairseq's prepare-iwslt14.sh (BPE_TOKENS=300) on the fixture."""
     work = tmp_path / "work"
@@ -444,6 +445,7 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
     assert len(lines(work / "bpe-learn" / "code")) == 151
 
 
+@pytest.mark.slow
 def test_iwslt14_sentencepiece_option(tmp_path, iwslt14_archive):
     work = tmp_path / "work"
     r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--bpe", "sentencepiece",
@@ -457,6 +459,7 @@ def test_iwslt14_sentencepiece_option(tmp_path, iwslt14_archive):
     assert [sp.decode(x.split()) for x in enc] == ref
 
 
+@pytest.mark.slow
 def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive):
     work = tmp_path / "work"
     r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize", "--classic-clean")
@@ -481,6 +484,7 @@ def test_bad_options(tmp_path, args, says):
     assert r.returncode != 0 and len(err) == 1 and says in err[0], r.stderr
 
 
+@pytest.mark.slow
 def test_iwslt14_killed_mid_step_then_rerun(tmp_path, iwslt14_archive):
     pairs = iwslt14_corpus()
     work = tmp_path / "work"
@@ -500,6 +504,7 @@ def test_iwslt14_killed_mid_step_then_rerun(tmp_path, iwslt14_archive):
     assert markers(work) == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe"))
 
 
+@pytest.mark.slow
 def test_iwslt14_bad_archives(tmp_path, iwslt14_archive):
     """Each stops with one ERROR line naming the file and what it is."""
     work = tmp_path / "work"
@@ -606,6 +611,7 @@ def wmt16_sources(tmp_path_factory):
     return folder, sums
 
 
+@pytest.mark.slow
 def test_wmt16_golden_google_script(tmp_path, wmt16_sources):
     """Byte-identical to google/seq2seq's wmt16_en_de.sh (merge_ops=200) on the fixture."""
     src, sums = wmt16_sources
@@ -650,6 +656,7 @@ def test_wmt16_binarized_and_manifest(tmp_path, wmt16_sources):
     assert "nwordssrc=32768" in log and "joined_dictionary=True" in log and "source_lang='en'" in log
 
 
+@pytest.mark.slow
 def test_wmt16_checks(tmp_path, wmt16_sources):
     src, sums = wmt16_sources
     # the cited size and checksum of Common Crawl and News Commentary v11
@@ -741,6 +748,7 @@ def make_envi_dir(path, sizes=ENVI_FILES):
     return path
 
 
+@pytest.mark.slow
 def test_iwslt15_envi_folder(tmp_path):
     src = make_envi_dir(tmp_path / "stanford")
     work, dest = tmp_path / "work", tmp_path / "bin"
@@ -765,6 +773,7 @@ def test_iwslt15_envi_folder(tmp_path):
     assert markers(work) == []
 
 
+@pytest.mark.slow
 def test_iwslt15_envi_tarball_lowercase_words_and_bad_files(tmp_path):
     src = make_envi_dir(tmp_path / "stanford")
     (src / "tst2012.en").write_text("x0000 a\rb\u2028c .\n" + "x0001 x .\n" * 5, encoding="utf-8")
@@ -790,6 +799,7 @@ def test_iwslt15_envi_tarball_lowercase_words_and_bad_files(tmp_path):
     assert r.returncode != 0 and "tst2012.vi not found" in r.stderr
 
 
+@pytest.mark.slow
 def test_iwslt15_envi_published_sizes_pass(tmp_path):
     src = make_envi_dir(tmp_path / "stanford", {"train": 133317, "tst2012": 1553, "tst2013": 1268})
     r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "work", "--bpe", "none",
