@@ -85,6 +85,9 @@ def train_args(data, save_dir, arch, *extra, updates=3):
         "--label-smoothing", "0.1", "--max-tokens", "400", "--max-update", str(updates),
         "--cpu", "--seed", "1", "--save-dir", save_dir, "--no-progress-bar",
         "--log-interval", "1", "--log-format", "simple", "--num-workers", "0",
+        # no prefetch thread: fairseq's is a daemon thread, and one caught inside a torch op
+        # when the run ends aborts the interpreter (README, Limitations)
+        "--data-buffer-size", "0",
         *extra,
     ]
 

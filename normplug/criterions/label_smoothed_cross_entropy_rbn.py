@@ -38,6 +38,17 @@ def _batch_stat_norms(model):
     return {} if get is None else get()
 
 
+def refuse_weights_without_batch_norm(mean_weight, var_weight, model):
+    """Non-zero weights on a model without BN would silently train without the penalty."""
+    norms = _batch_stat_norms(model)
+    if (mean_weight or var_weight) and not any(m.supports_rbn for m in norms.values()):
+        found = ", ".join(f"{k} ({m.norm_name})" for k, m in norms.items()) or "none"
+        raise SystemExit(
+            f"normplug: error: --rbn-mean-weight {mean_weight:g} / --rbn-var-weight {var_weight:g} need "
+            f"batch-norm layers, but the model has no 'batch' norm (batch-statistics norms: {found}); use "
+            "a *_bn / *_rbn architecture or --encoder-norm batch, or set both weights to 0")
+
+
 @register_criterion("label_smoothed_cross_entropy_rbn", dataclass=LabelSmoothedCrossEntropyRBNConfig)
 class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
     """Label-smoothed cross entropy + RBN penalty; logs task loss, penalty and TID apart."""
@@ -52,21 +63,10 @@ class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
         self.rbn_var_weight = float(rbn_var_weight)
         self._model_checked = False
 
-    def _check_model(self, model):
-        """Non-zero weights on a model without BN would silently train without the penalty."""
-        self._model_checked = True
-        norms = _batch_stat_norms(model)
-        if (self.rbn_mean_weight or self.rbn_var_weight) and not any(m.supports_rbn for m in norms.values()):
-            found = ", ".join(f"{k} ({m.norm_name})" for k, m in norms.items()) or "none"
-            raise SystemExit(
-                f"normplug: error: --rbn-mean-weight {self.rbn_mean_weight:g} / --rbn-var-weight "
-                f"{self.rbn_var_weight:g} need batch-norm layers, but the model has no 'batch' norm "
-                f"(batch-statistics norms: {found}); use a *_bn / *_rbn architecture or "
-                "--encoder-norm batch, or set both weights to 0")
-
     def forward(self, model, sample, reduce=True):
-        if not self._model_checked:
-            self._check_model(model)
+        if not self._model_checked:  # normplug's models are checked when built, before training
+            refuse_weights_without_batch_norm(self.rbn_mean_weight, self.rbn_var_weight, model)
+            self._model_checked = True
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
         found = model.norm_discrepancies() if model.training and hasattr(model, "norm_discrepancies") else {}
         zero = loss.new_zeros(())
