@@ -43,7 +43,7 @@ def corpus(workdir: Path, pairs: int) -> Path:
     return binarize(raw, dest)
 
 
-def build(data, arch, size_args, device):
+def build(data, arch, size_args, device, compile_norms=False):
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
@@ -51,7 +51,7 @@ def build(data, arch, size_args, device):
         str(data), "--user-dir", str(REPO / "normplug"), "--arch", arch, *size_args,
         "--share-all-embeddings", "--dropout", "0.1", "--criterion", "label_smoothed_cross_entropy",
         "--label-smoothing", "0.1", "--warmup-updates", "4000",
-    ] + (["--cpu"] if device == "cpu" else []))
+    ] + (["--cpu"] if device == "cpu" else []) + (["--compile-norms"] if compile_norms else []))
     task = tasks.setup_task(args)
     torch.manual_seed(0)
     model = task.build_model(args).to(device)
@@ -109,6 +109,8 @@ def main():
     ap.add_argument("--full-size", action="store_true", help="published dimensions (GPU)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", nargs="*", help="architectures to time (default: all)")
+    ap.add_argument("--compile-norms", action="store_true",
+                    help="normplug's models with --compile-norms (the stock models stay eager)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     if args.threads:
@@ -137,13 +139,14 @@ def main():
         models = {}
         samples = None
         for label, (arch, extra) in runs.items():
-            task, model, criterion, optimizer, fargs = build(data, arch, size_args + extra, args.device)
+            task, model, criterion, optimizer, fargs = build(
+                data, arch, size_args + extra, args.device, args.compile_norms and "(stock" not in label)
             if samples is None:
                 samples = [to_device(s, args.device) for s in batches(task, fargs, args.max_tokens, args.updates)]
             models[label] = (model, criterion, optimizer)
             del task
-        for model, criterion, optimizer in models.values():  # warm-up round, not timed
-            train_round(model, criterion, optimizer, samples[:2], args.device)
+        for model, criterion, optimizer in models.values():  # warm-up round (and compilation), not timed
+            train_round(model, criterion, optimizer, samples, args.device)
         wps = {label: [] for label in models}
         rng = random.Random(0)
         for _ in range(args.rounds):
@@ -154,8 +157,10 @@ def main():
 
     median = {label: statistics.median(v) for label, v in wps.items()}
     dims = "published dimensions" if args.full_size else "2+2 layers, 128/256, 4 heads"
+    norms = "compiled (--compile-norms)" if args.compile_norms else "eager"
     print(f"training throughput on {args.device} ({dims}), {args.updates} updates x {args.rounds} "
-          f"interleaved rounds, max tokens {args.max_tokens}; words/s = target tokens per second")
+          f"interleaved rounds, max tokens {args.max_tokens}, {norms} norms, "
+          f"{torch.get_num_threads()} thread(s); words/s = target tokens per second")
     print("ratios are to fairseq's stock model of the same shape and the same Pre/Post-Norm")
     print(f"{'architecture':50s} {'median wps':>11s} {'x stock':>8s}")
     for label in runs:

@@ -40,17 +40,21 @@ def loss_and_grads(task, args, model, sample):
     return loss.detach(), grads, logs
 
 
-@pytest.mark.parametrize("arch", ["transformer_iwslt_de_en_bn", "transformer_iwslt_de_en_pn_prenorm"])
-def test_zero_weights_are_plain_label_smoothing(tiny_data, arch):
+def plain_and_rbn(tiny_data, arch, mean_weight, var_weight):
+    """(loss, grads) of label_smoothed_cross_entropy and (loss, grads, logs) of the RBN
+    criterion with the given weights, for the same model and sample."""
     task, plain_args = build(tiny_data, arch, "--criterion", "label_smoothed_cross_entropy")
     _, rbn_args = build(tiny_data, arch, "--criterion", "label_smoothed_cross_entropy_rbn",
-                        "--rbn-mean-weight", "0", "--rbn-var-weight", "0")
+                        "--rbn-mean-weight", str(mean_weight), "--rbn-var-weight", str(var_weight))
     torch.manual_seed(0)
     model = task.build_model(plain_args)
     sample = sample_of(task)
+    return loss_and_grads(task, plain_args, model, sample)[:2], loss_and_grads(task, rbn_args, model, sample)
 
-    loss, grads, _ = loss_and_grads(task, plain_args, model, sample)
-    loss0, grads0, logs0 = loss_and_grads(task, rbn_args, model, sample)
+
+@pytest.mark.parametrize("arch", ["transformer_iwslt_de_en_bn", "transformer_iwslt_de_en_pn_prenorm"])
+def test_zero_weights_are_plain_label_smoothing(tiny_data, arch):
+    (loss, grads), (loss0, grads0, logs0) = plain_and_rbn(tiny_data, arch, 0, 0)
     assert torch.equal(loss, loss0)
     assert grads.keys() == grads0.keys()
     for name, g in grads.items():
@@ -64,16 +68,7 @@ def test_zero_weights_are_plain_label_smoothing(tiny_data, arch):
 
 
 def test_nonzero_weights_change_loss_and_gradients(tiny_data):
-    arch = "transformer_iwslt_de_en_bn"
-    task, plain_args = build(tiny_data, arch, "--criterion", "label_smoothed_cross_entropy")
-    _, rbn_args = build(tiny_data, arch, "--criterion", "label_smoothed_cross_entropy_rbn",
-                        "--rbn-mean-weight", "60", "--rbn-var-weight", "0.01")
-    torch.manual_seed(0)
-    model = task.build_model(plain_args)
-    sample = sample_of(task)
-
-    loss, grads, _ = loss_and_grads(task, plain_args, model, sample)
-    loss1, grads1, logs1 = loss_and_grads(task, rbn_args, model, sample)
+    (loss, grads), (loss1, grads1, logs1) = plain_and_rbn(tiny_data, "transformer_iwslt_de_en_bn", 60, 0.01)
     assert logs1["rbn_penalty"] > 0
     assert torch.allclose(loss1 - loss, logs1["rbn_penalty"].to(loss1.dtype))
     # the penalty reaches the encoder through the batch statistics, not the decoder's output layer

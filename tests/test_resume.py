@@ -12,16 +12,14 @@ after writing the checkpoint at update k, so the SIGKILL lands at a known point;
 the kill itself is real (no clean-up code runs). The uninterrupted and the
 resumed runs are plain ``fairseq-train``.
 """
-import re
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
 
-from conftest import BIN, HOOKED_TRAIN, kill_group, run_cli, start_process, train_args
+from conftest import HOOKED_TRAIN, kill_group, run_cli, start_process, train_args
 
 K = 3  # killed after the checkpoint at this update
 TOTAL = 10  # 8 batches an epoch at 400 tokens: the resumed run also crosses into epoch 2

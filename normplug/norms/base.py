@@ -15,9 +15,9 @@ from torch.distributed.nn.functional import all_reduce
 class Discrepancy(NamedTuple):
     """Batch vs population statistics of one layer on its last training batch.
 
-    ``rbn_mean``/``rbn_var`` are the Regularized-BN terms (Wang, Wu & Huang 2022, Eq. of
-    L_RBN) with their graph through the batch statistics; ``tid_mean``/``tid_var`` are
-    the training–inference discrepancy, detached. All are 0-dim tensors on the device.
+    ``rbn_mean``/``rbn_var`` are the two terms of the Regularized-BN penalty (Wang, Wu &
+    Huang 2022), with their graph through the batch statistics; ``tid_mean``/``tid_var``
+    are the training–inference discrepancy, detached. All are 0-dim tensors on the device.
     """
 
     rbn_mean: torch.Tensor  # Σ_c (μ̂_c − μ_B,c)²

@@ -1,0 +1,141 @@
+"""The GPU check: one table, within 8 minutes on one GPU.
+
+1. The norm benchmark (benchmarks/norms.py) in float32 and float16, eager and compiled,
+   as ratios to eager nn.LayerNorm.
+2. ``--updates`` (300) updates of every ``transformer_iwslt_de_en_*`` architecture and of
+   fairseq's stock ``transformer_iwslt_de_en`` (Post- and Pre-Norm) at the IWSLT
+   dimensions on the synthetic corpus with fairseq's ``--fp16`` trainer (loss scaling,
+   float32 master weights): every logged loss and the final parameters finite, and
+   words/s against the stock model of the same Pre/Post-Norm.
+
+    benchmarks/gpu_check.sh                  # on a CUDA machine with torch and fairseq
+    benchmarks/gpu_check.sh --smoke          # a few tiny updates on any device (checks the script)
+"""
+import argparse
+import math
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+SMOKE_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+               "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+               "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+
+
+def norm_rows(device, smoke):
+    import norms
+
+    size = dict(T=8, B=8, C=64, rounds=3, warmup=2) if smoke else dict(rounds=30)
+    rows = []
+    for dtype in (torch.float32, torch.float16):
+        median, _, _ = norms.measure(device, dtype, **size)
+        base = median["nn.LayerNorm"]
+        for name in norms.norm_names():
+            for mode, label in (("eager", name), ("compiled", f"{name} compiled")):
+                rows.append((f"norm {str(dtype)[6:]} {mode}", name, f"{median[label] * 1e3:.3f} ms",
+                             f"{median[label] / base:.2f} × LN", ""))
+    return rows
+
+
+def train(data, arch, extra, updates, device, smoke):
+    """``updates`` fp16 updates with fairseq's Trainer; returns (words/s, all losses finite)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    fp16 = [] if device == "cpu" else ["--fp16"]  # fairseq's fp16 trainer needs CUDA (a smoke run is fp32)
+    plugin = arch != "transformer_iwslt_de_en"
+    # the plugin's models train with the RBN criterion at zero weights (TID logged, loss unchanged)
+    criterion = ["--criterion", "label_smoothed_cross_entropy_rbn", "--power-warmup", str(updates // 2)] \
+        if plugin else ["--criterion", "label_smoothed_cross_entropy"]
+    argv = [str(data), "--user-dir", str(REPO / "normplug"), "--arch", arch, *extra, *fp16, *criterion,
+            "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--dropout", "0.3",
+            "--label-smoothing", "0.1", "--max-tokens", "4096", "--seed", "1", "--num-workers", "0",
+            "--data-buffer-size", "0", *(SMOKE_MODEL if smoke else []), *(["--cpu"] if device == "cpu" else [])]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    task = tasks.setup_task(cfg.task)
+    model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    trainer = Trainer(cfg, task, model, criterion)
+    epoch = trainer.get_train_iterator(epoch=1, load_dataset=True)
+    losses, tokens, done, start = [], 0, 0, None
+    while done < updates:
+        for sample in epoch.next_epoch_itr(shuffle=True):
+            if done == 5 and start is None:  # the first updates warm up (allocator, cuDNN, loss scale)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                start, tokens = time.perf_counter(), 0
+            log = trainer.train_step([sample])
+            if log is not None:  # None: fp16 overflow, the update was skipped and the scale lowered
+                losses.append(log["loss"])
+            tokens += sample["ntokens"]
+            done += 1
+            if done == updates:
+                break
+        epoch = trainer.get_train_iterator(epoch=epoch.next_epoch_idx, load_dataset=False)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    finite = all(math.isfinite(v) for v in losses) and all(
+        torch.isfinite(p).all() for p in trainer.model.parameters())
+    return tokens / (time.perf_counter() - start), finite and len(losses) > updates // 2
+
+
+def training_rows(device, updates, smoke):
+    from normplug.models.architectures import ARCHITECTURES
+    from synthetic import binarize, generate
+
+    prenorm = ["--encoder-normalize-before", "--decoder-normalize-before"]
+    runs = {"transformer_iwslt_de_en (stock)": ("transformer_iwslt_de_en", []),
+            "transformer_iwslt_de_en (stock, prenorm)": ("transformer_iwslt_de_en", prenorm)}
+    runs.update({name: (name, []) for name in sorted(ARCHITECTURES) if name.startswith("transformer_iwslt_de_en_")})
+    rows, wps = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "raw"
+        generate(raw, seed=7, n_train=1000 if smoke else 20000, n_valid=50, n_test=50)
+        data = binarize(raw, Path(tmp) / "bin")
+        for label, (arch, extra) in runs.items():
+            wps[label], finite = train(data, arch, extra, updates, device, smoke)
+            stock = wps["transformer_iwslt_de_en (stock, prenorm)" if "prenorm" in label
+                        else "transformer_iwslt_de_en (stock)"]
+            rows.append((f"train {updates} updates {'fp32' if device == 'cpu' else 'fp16'}", label, f"{wps[label]:,.0f} words/s",
+                         f"{wps[label] / stock:.2f} × stock", "finite" if finite else "NaN/inf"))
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--updates", type=int, default=300)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes and a few updates, to check the script")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)  # fairseq's INFO lines would bury the table
+    if args.device == "cpu" and not args.smoke:
+        ap.error("the GPU check needs --device cuda (or --smoke)")
+    start = time.time()
+    rows = norm_rows(args.device, args.smoke) + training_rows(args.device, 10 if args.smoke else args.updates,
+                                                              args.smoke)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"\nnormplug GPU check on {name}, torch {torch.__version__}, {time.time() - start:.0f} s")
+    print("| part | name | value | ratio | check |\n|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    bad = [row[1] for row in rows if row[4] == "NaN/inf"]
+    if bad:
+        print(f"NaN or inf in: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
