@@ -794,7 +794,8 @@ def _fmt(v, digits=2):
     return str(v)
 
 
-def write_results(rows, out: Path):
+def write_results(rows, out: Path) -> List[str]:
+    """Write results.csv and results.md; returns the table's lines."""
     with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
         w.writeheader()
@@ -831,6 +832,7 @@ def write_results(rows, out: Path):
         lines.append(f"- {paper}")
     lines.append("")
     (out / "results.md").write_text("\n".join(lines), encoding="utf-8")
+    return [line for line in lines if line.startswith("|")]
 
 
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
@@ -871,7 +873,8 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
             row = result_row(recipe, out, failure=" ".join(str(err).split())[:300])
             log(f"== {recipe.name}: {row['status']}")
         rows.append(row)
-        write_results(rows, out)  # after every config: partial results survive a crash
+        table = write_results(rows, out)  # after every config: partial results survive a crash
+    log("\n".join(table))
     log(f"wrote {out / 'results.md'} and {out / 'results.csv'}")
     return 1 if failed else 0
 
