@@ -5,8 +5,9 @@ The penalty ``λ_μ Σ_layers Σ_c (μ̂−μ_B)² + λ_σ Σ_layers Σ_c |σ̂�
 token-summed label-smoothed loss before fairseq divides by the number of target tokens,
 so its effective weight is λ / ntokens; the published coefficients assume that scaling.
 
-The criterion reads the model through one method, ``norm_discrepancies()`` (site name ->
-:class:`normplug.norms.Discrepancy` of the last training forward).
+The criterion reads the model through one method, ``batch_stat_norms()`` (site name -> a
+norm with batch statistics), and asks each norm for the ``discrepancy()`` of its last
+training forward.
 """
 import math
 from dataclasses import dataclass, field
@@ -68,12 +69,14 @@ class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
             refuse_weights_without_batch_norm(self.rbn_mean_weight, self.rbn_var_weight, model)
             self._model_checked = True
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
-        found = model.norm_discrepancies() if model.training and hasattr(model, "norm_discrepancies") else {}
+        norms = _batch_stat_norms(model)
+        found = {name: norm.discrepancy() for name, norm in norms.items()} if model.training else {}
+        found = {name: d for name, d in found.items() if d is not None}
         zero = loss.new_zeros(())
         totals = dict.fromkeys(TERMS, zero)
         # The same keys on every step and worker: fairseq's fast stat sync all-reduces
         # the values of all keys as one flat buffer.
-        for name, norm in _batch_stat_norms(model).items():
+        for name, norm in norms.items():
             d = found.get(name)
             logging_output[f"tid_mean/{name}"] = zero if d is None else d.tid_mean.detach()
             logging_output[f"tid_var/{name}"] = zero if d is None else d.tid_var.detach()

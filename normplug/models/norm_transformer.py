@@ -18,7 +18,7 @@ from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..criterions.label_smoothed_cross_entropy_rbn import refuse_weights_without_batch_norm
-from ..norms import BatchStatNorm, Discrepancy, NormConfigError
+from ..norms import BatchStatNorm, NormConfigError
 from .norm_plan import NormPlan, add_norm_args
 
 
@@ -257,16 +257,11 @@ class NormTransformerModel(TransformerModel):
             raise SystemExit(f"normplug: error: {err}")
         super().prepare_for_inference_(cfg)
 
-    # -- what the criterion reads ---------------------------------------------------
+    # -- what the criterion and the tools read -------------------------------------
 
     def batch_stat_norms(self) -> Dict[str, BatchStatNorm]:
         """Every norm with batch statistics, by a short site name (``enc0.attn``)."""
         return {site_name(name): m for name, m in self.named_modules() if isinstance(m, BatchStatNorm)}
-
-    def norm_discrepancies(self) -> Dict[str, Discrepancy]:
-        """The discrepancy of the last training forward of each batch-statistics norm."""
-        found = {name: m.discrepancy() for name, m in self.batch_stat_norms().items()}
-        return {name: d for name, d in found.items() if d is not None}
 
 
 _SITE_SHORT = {"self_attn_layer_norm": "attn", "encoder_attn_layer_norm": "cross",

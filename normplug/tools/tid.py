@@ -67,9 +67,10 @@ def batch_tid(norm: BatchStatNorm, x, pad_mask):
     n = int(real_tokens(x, pad_mask).sum())
     if n < 2:
         return None
+    batch_mean, batch_var = norm.batch_statistics(x, pad_mask)
     with torch.no_grad():
-        d = measure_discrepancy(*norm.batch_statistics(x, pad_mask), *norm.population_statistics())
-    return (float(d.tid_mean) if norm.population_statistics()[0] is not None else None), float(d.tid_var), n
+        d = measure_discrepancy(batch_mean, batch_var, *norm.population_statistics())
+    return (None if batch_mean is None else float(d.tid_mean)), float(d.tid_var), n
 
 
 class TIDMeter:
