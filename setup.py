@@ -22,9 +22,9 @@ setup(
     python_requires=">=3.8",
     packages=find_packages(include=["normplug", "normplug.*"]),
     # what the plugin and its tools import; the recipes' and data scripts' packages
-    # are in requirements.txt
-    install_requires=["torch>=2.0", "matplotlib"],
-    extras_require={"fairseq": [FAIRSEQ], "test": ["pytest", "hypothesis"]},
+    # are in requirements.txt. matplotlib only draws normplug-tid --plot.
+    install_requires=["torch>=2.0"],
+    extras_require={"fairseq": [FAIRSEQ], "plot": ["matplotlib"], "test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": [
             "normplug-path = normplug.tools.path:main",

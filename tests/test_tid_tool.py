@@ -10,6 +10,7 @@ import argparse
 import csv
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -301,3 +302,13 @@ def test_truncated_checkpoint(bn_run, tmp_path, monkeypatch, capsys):
         _expect_error(capsys, [path, "--csv", tmp_path / "t.csv", "--plot", tmp_path / "t.png"],
                       f"cannot read checkpoint {path}", "truncated, corrupt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.pt", "half.pt", "head.pt"]
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
+    """matplotlib is the optional 'plot' extra: --plot without it fails before any work."""
+    monkeypatch.setattr(tid_cli, "configure_logging", lambda verbose: None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    message = _expect_error(capsys, [tmp_path / "missing.pt", "--plot", tmp_path / "t.png"],
+                            "needs matplotlib", "normplug[plot]")
+    assert "checkpoint not found" not in message  # refused before reading any checkpoint
+    assert list(tmp_path.iterdir()) == []

@@ -1,125 +1,27 @@
 """``label_smoothed_cross_entropy_rbn``: label smoothing plus the Regularized-BN penalty of
-Wang, Wu & Huang (NeurIPS 2022), with training–inference discrepancy (TID) logging.
+Wang, Wu & Huang (NeurIPS 2022), with training–inference discrepancy (TID) logging
+(normplug/rbn.py). At zero weights it is ``label_smoothed_cross_entropy``, bit for bit."""
+from dataclasses import dataclass
 
-The penalty ``λ_μ Σ_layers Σ_c (μ̂−μ_B)² + λ_σ Σ_layers Σ_c |σ̂²−σ²_B|`` is added to the
-token-summed label-smoothed loss before fairseq divides by the number of target tokens,
-so its effective weight is λ / ntokens; the published coefficients assume that scaling.
-
-The criterion reads the model through one method, ``batch_stat_norms()`` (site name -> a
-norm with batch statistics), and asks each norm for the ``discrepancy()`` of its last
-training forward.
-"""
-import math
-from dataclasses import dataclass, field
-
-import torch
-
-from fairseq import metrics
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-TERMS = ("rbn_mean", "rbn_var", "tid_mean", "tid_var")
+from ..rbn import RBNPenalty, RBNWeights
 
 
 @dataclass
-class LabelSmoothedCrossEntropyRBNConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    rbn_mean_weight: float = field(default=0.0, metadata={
-        "help": "λ_μ: weight of Σ_c (μ̂−μ_B)² per BN layer against the token-summed loss "
-                "(published: 60 Post-Norm, 0.1 Pre-Norm)"})
-    rbn_var_weight: float = field(default=0.0, metadata={
-        "help": "λ_σ: weight of Σ_c |σ̂²−σ²_B| per BN layer against the token-summed loss "
-                "(published: 0 Post-Norm, 0.01 Pre-Norm)"})
-
-
-def _batch_stat_norms(model):
-    get = getattr(model, "batch_stat_norms", None)
-    return {} if get is None else get()
-
-
-def refuse_weights_without_batch_norm(mean_weight, var_weight, model):
-    """Non-zero weights on a model without BN would silently train without the penalty."""
-    norms = _batch_stat_norms(model)
-    if (mean_weight or var_weight) and not any(m.supports_rbn for m in norms.values()):
-        found = ", ".join(f"{k} ({m.norm_name})" for k, m in norms.items()) or "none"
-        raise SystemExit(
-            f"normplug: error: --rbn-mean-weight {mean_weight:g} / --rbn-var-weight {var_weight:g} need "
-            f"batch-norm layers, but the model has no 'batch' norm (batch-statistics norms: {found}); use "
-            "a *_bn / *_rbn architecture or --encoder-norm batch, or set both weights to 0")
+class LabelSmoothedCrossEntropyRBNConfig(LabelSmoothedCrossEntropyCriterionConfig, RBNWeights):
+    pass
 
 
 @register_criterion("label_smoothed_cross_entropy_rbn", dataclass=LabelSmoothedCrossEntropyRBNConfig)
-class LabelSmoothedCrossEntropyRBNCriterion(LabelSmoothedCrossEntropyCriterion):
+class LabelSmoothedCrossEntropyRBNCriterion(RBNPenalty, LabelSmoothedCrossEntropyCriterion):
     """Label-smoothed cross entropy + RBN penalty; logs task loss, penalty and TID apart."""
 
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
                  report_accuracy=False, rbn_mean_weight=0.0, rbn_var_weight=0.0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        for flag, value in (("--rbn-mean-weight", rbn_mean_weight), ("--rbn-var-weight", rbn_var_weight)):
-            if not (value >= 0 and math.isfinite(value)):
-                raise SystemExit(f"normplug: error: {flag} must be a finite number >= 0, got {value}")
-        self.rbn_mean_weight = float(rbn_mean_weight)
-        self.rbn_var_weight = float(rbn_var_weight)
-        self._model_checked = False
-
-    def forward(self, model, sample, reduce=True):
-        if not self._model_checked:  # normplug's models are checked when built, before training
-            refuse_weights_without_batch_norm(self.rbn_mean_weight, self.rbn_var_weight, model)
-            self._model_checked = True
-        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
-        norms = _batch_stat_norms(model)
-        found = {name: norm.discrepancy() for name, norm in norms.items()} if model.training else {}
-        found = {name: d for name, d in found.items() if d is not None}
-        zero = loss.new_zeros(())
-        totals = dict.fromkeys(TERMS, zero)
-        # The same keys on every step and worker: fairseq's fast stat sync all-reduces
-        # the values of all keys as one flat buffer.
-        for name, norm in norms.items():
-            d = found.get(name)
-            logging_output[f"tid_mean/{name}"] = zero if d is None else d.tid_mean.detach()
-            logging_output[f"tid_var/{name}"] = zero if d is None else d.tid_var.detach()
-            if d is None:
-                continue
-            totals["tid_mean"] = totals["tid_mean"] + d.tid_mean.detach()
-            totals["tid_var"] = totals["tid_var"] + d.tid_var.detach()
-            if norm.supports_rbn:  # the penalty sums the BN layers only
-                totals["rbn_mean"] = totals["rbn_mean"] + d.rbn_mean
-                totals["rbn_var"] = totals["rbn_var"] + d.rbn_var
-        penalty = zero  # zero weights add nothing, not even a zero gradient
-        if self.rbn_mean_weight:
-            penalty = penalty + self.rbn_mean_weight * totals["rbn_mean"]
-        if self.rbn_var_weight:
-            penalty = penalty + self.rbn_var_weight * totals["rbn_var"]
-        logging_output.update(
-            task_loss=loss.data,
-            loss=(loss + penalty).data,
-            rbn_penalty=penalty.detach(),
-            rbn_mean=totals["rbn_mean"].detach(),
-            rbn_var=totals["rbn_var"].detach(),
-            tid_mean=totals["tid_mean"] / max(len(found), 1),
-            tid_var=totals["tid_var"] / max(len(found), 1),
-            rbn_forwards=1 if found else 0,  # forwards that measured the norms: TIDs average over these
-        )
-        return loss + penalty, sample_size, logging_output
-
-    @classmethod
-    def reduce_metrics(cls, logging_outputs) -> None:
-        super().reduce_metrics(logging_outputs)
-
-        def total(key):
-            return sum(log.get(key, 0) for log in logging_outputs)
-
-        sample_size = total("sample_size")
-        if sample_size > 0:
-            for key in ("task_loss", "rbn_penalty"):
-                metrics.log_scalar(key, total(key) / sample_size / math.log(2), sample_size, round=4)
-        forwards = int(total("rbn_forwards"))
-        if forwards == 0:  # validation, or a model without batch-statistics norms
-            return
-        keys = list(TERMS) + sorted(k for k in logging_outputs[0] if k.startswith(("tid_mean/", "tid_var/")))
-        # one host transfer for every value, not one per layer
-        values = torch.stack([torch.as_tensor(total(k), dtype=torch.float32) for k in keys]) / forwards
-        for key, value in zip(keys, values.tolist()):
-            metrics.log_scalar(key, value, forwards, round=4)
+        self.init_rbn(rbn_mean_weight, rbn_var_weight)

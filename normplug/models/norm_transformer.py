@@ -17,8 +17,8 @@ from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, T
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ..criterions.label_smoothed_cross_entropy_rbn import refuse_weights_without_batch_norm
 from ..norms import BatchStatNorm, NormConfigError
+from ..rbn import check_weights
 from .norm_plan import NormPlan, add_norm_args
 
 
@@ -227,13 +227,12 @@ class NormTransformerModel(TransformerModel):
         try:
             NormPlan.from_config(TransformerConfig.from_namespace(args))  # check before building
             model = super().build_model(args, task)
+            # RBN weights (present with an RBN criterion) are checked here, before fairseq
+            # starts its data threads: an exit in the middle of training can abort the
+            # interpreter (README, Limitations)
+            check_weights(getattr(args, "rbn_mean_weight", 0), getattr(args, "rbn_var_weight", 0), model)
         except NormConfigError as err:  # a user's flag combination: one line, no traceback
             raise SystemExit(f"normplug: error: {err}")
-        if getattr(args, "criterion", None) == "label_smoothed_cross_entropy_rbn":
-            # refused here, before fairseq starts its data threads: an exit in the middle of
-            # training can abort the interpreter (README, Limitations)
-            refuse_weights_without_batch_norm(getattr(args, "rbn_mean_weight", 0),
-                                              getattr(args, "rbn_var_weight", 0), model)
         if getattr(args, "compile_norms", False):
             for norm in model.modules():
                 if hasattr(norm, "norm_name"):

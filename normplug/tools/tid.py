@@ -326,6 +326,12 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     try:
+        if args.plot:  # before any work: matplotlib is an optional extra of the package
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise ToolError("--plot needs matplotlib, the 'plot' extra of normplug: "
+                                "pip install 'normplug[plot]' (or pip install matplotlib)") from None
         results = run(args)
         print_table(results, args.split)
         for path, write in ((args.csv, write_csv), (args.plot, lambda rows, tmp: draw(rows, tmp, args.split))):
