@@ -118,8 +118,8 @@ def close(got, want, what, rtol, atol):
 
 
 def reference_terms(inputs, masks, before, sites):
-    """Per site: (kind, the RBN terms with their graph to the layer's input, TIDs, the
-    statistics after the update), in float64."""
+    """Per site, in float64: the norm's kind, its RBN terms (with their graph back to the
+    layer's input), its TIDs and its running statistics after the update."""
     out = {}
     for site, (path, kind) in sites.items():
         h = inputs[site].double()[~masks[site].t()]  # n×C, real tokens only
