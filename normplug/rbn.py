@@ -83,14 +83,20 @@ class RBNPenalty:
         zero = loss.new_zeros(())
         totals = dict.fromkeys(TERMS, zero)
         # The same keys on every step and worker: fairseq's fast stat sync all-reduces the
-        # values of all keys as one flat buffer.
+        # values of all keys as one flat buffer. A norm without a mean statistic (PowerNorm)
+        # has no mean TID: no key, and no zero diluting the average.
+        with_mean = {name for name, norm in norms.items() if norm.population_statistics()[0] is not None}
+        measured_means = 0
         for name, norm in norms.items():
             d = found.get(name)
-            logging_output[f"tid_mean/{name}"] = zero if d is None else d.tid_mean.detach()
+            if name in with_mean:
+                logging_output[f"tid_mean/{name}"] = zero if d is None else d.tid_mean.detach()
             logging_output[f"tid_var/{name}"] = zero if d is None else d.tid_var.detach()
             if d is None:
                 continue
-            totals["tid_mean"] = totals["tid_mean"] + d.tid_mean.detach()
+            if name in with_mean:
+                totals["tid_mean"] = totals["tid_mean"] + d.tid_mean.detach()
+                measured_means += 1
             totals["tid_var"] = totals["tid_var"] + d.tid_var.detach()
             if norm.supports_rbn:  # the penalty sums the BN layers only
                 totals["rbn_mean"] = totals["rbn_mean"] + d.rbn_mean
@@ -106,10 +112,11 @@ class RBNPenalty:
             rbn_penalty=penalty.detach(),
             rbn_mean=totals["rbn_mean"].detach(),
             rbn_var=totals["rbn_var"].detach(),
-            tid_mean=totals["tid_mean"] / max(len(found), 1),
             tid_var=totals["tid_var"] / max(len(found), 1),
             rbn_forwards=1 if found else 0,  # forwards that measured the norms: TIDs average over these
         )
+        if with_mean:
+            logging_output["tid_mean"] = totals["tid_mean"] / max(measured_means, 1)
         return loss + penalty, sample_size, logging_output
 
     @classmethod
@@ -127,7 +134,8 @@ class RBNPenalty:
         forwards = int(total("rbn_forwards"))
         if forwards == 0:  # validation, or a model without batch-statistics norms
             return
-        keys = list(TERMS) + sorted(k for k in logging_outputs[0] if k.startswith(("tid_mean/", "tid_var/")))
+        keys = [k for k in TERMS if k in logging_outputs[0]] + sorted(
+            k for k in logging_outputs[0] if k.startswith(("tid_mean/", "tid_var/")))
         # one host transfer for every value, not one per layer
         values = torch.stack([torch.as_tensor(total(k), dtype=torch.float32) for k in keys]) / forwards
         for key, value in zip(keys, values.tolist()):

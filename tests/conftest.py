@@ -6,7 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
+
+# One thread for the tests' own torch ops, as run_cli gives fairseq's processes: on the tiny
+# models here two threads spin against each other and against other processes on a busy
+# machine (test_every_architecture_builds_and_trains_one_step: 29 s with two, 6 s with one,
+# on 2 shared cores).
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 # recipes, data preparation and the synthetic corpus live in scripts/, outside the package

@@ -138,32 +138,33 @@ def test_padding_invariance_of_the_whole_model(tiny_data, norm):
     torch.testing.assert_close(out_longer[3:, :3], out, rtol=1e-5, atol=1e-5)
 
 
-def test_norms_get_the_mask_of_their_stream(tiny_data):
-    """Encoder sites see the source mask, every decoder site the target mask."""
-    task, model, _ = build(
-        tiny_data, "norm_transformer", "--encoder-norm", "batch", "--decoder-norm", "batch",
-        "--encoder-normalize-before", "--decoder-normalize-before",
-    )
-    seen = {}
-
-    def record(name):
-        def hook(module, inputs):
-            x, mask = inputs[0], inputs[1] if len(inputs) > 1 else None
-            seen[name] = (x.shape, None if mask is None else mask.clone())
-        return hook
-
-    for name, m in model.named_modules():
-        if isinstance(m, BatchStatNorm):
-            m.register_forward_pre_hook(record(site_name(name)))
-    model.train()
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_every_site_normalises_over_the_real_tokens_of_its_stream(tiny_data, prenorm):
+    """`batch` at every site: more padding on either side (left of the sources, right of the
+    targets) changes no output at a real target position and no site's running statistics, so
+    each site's statistics cover exactly the real tokens of its stream: the source mask in the
+    encoder, the target mask at every decoder site (cross-attention and final norm included)."""
+    extra = ["--encoder-normalize-before", "--decoder-normalize-before"] if prenorm else []
+    task, model, _ = build(tiny_data, "norm_transformer", "--encoder-norm", "batch", "--decoder-norm", "batch",
+                           *extra)
     src, lengths, prev = make_batch(task, [5, 3, 6], [4, 7, 3], seed=4)
-    model(src, lengths, prev)
     pad = task.source_dictionary.pad()
-    assert set(seen) == {"enc0.attn", "enc0.ffn", "enc.final", "dec0.attn", "dec0.cross", "dec0.ffn", "dec.final"}
-    for site, (shape, mask) in seen.items():
-        expected = src.eq(pad) if site.startswith("enc") else prev.eq(pad)
-        assert shape[:2] == expected.t().shape, site
-        assert mask is not None and torch.equal(mask, expected), site
+    assert src.eq(pad).any() and prev.eq(pad).any() and src.shape[1] != prev.shape[1]
+    sites = {n for n, m in model.named_modules() if isinstance(m, BatchStatNorm)}
+    assert len(sites) == (7 if prenorm else 5)  # every site of both stacks
+    model.train()
+    twin = copy.deepcopy(model)
+    logits, _ = model(src, lengths, prev)
+    more_src = torch.cat([torch.full((3, 4), pad), src], dim=1)
+    more_prev = torch.cat([prev, torch.full((3, 2), pad)], dim=1)
+    logits_more, _ = twin(more_src, lengths, more_prev)
+    real = prev.ne(pad)
+    torch.testing.assert_close(logits_more[:, :prev.shape[1]][real], logits[real], rtol=1e-5, atol=1e-5)
+    ours, theirs = dict(model.named_buffers()), dict(twin.named_buffers())
+    for name in sorted(ours):
+        if name.rsplit(".", 1)[0] in sites:
+            torch.testing.assert_close(theirs[name], ours[name], rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_eval_never_bypasses_plugin_norms(tiny_data, tmp_path):
