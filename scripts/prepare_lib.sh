@@ -44,9 +44,6 @@
 #
 # * Failures stop the script with one line starting with "ERROR:" that names the
 #   URL or file and says what to do.
-#
-# * Test hook: NORMPLUG_PREPARE_KILL_AT=NAME makes the script SIGKILL itself inside
-#   step NAME, after FUNC has written its output but before the step is committed.
 
 PL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PL_HELPER=$PL_REPO/scripts/prepare_text.py
@@ -251,10 +248,6 @@ pl_step() {
     local t0=$SECONDS
     STEP_OUT=$tmp
     "$@"
-    if [ "${NORMPLUG_PREPARE_KILL_AT:-}" = "$name" ]; then
-        pl_log "test hook: killing this run inside step $name"
-        kill -KILL $$
-    fi
     rm -rf "$out.old"
     if [ -e "$out" ] || [ -L "$out" ]; then mv -- "$out" "$out.old"; fi
     mv -- "$tmp" "$out"

@@ -9,7 +9,7 @@ writes into a temporary folder and renames it on success):
 
   sha256 FILE                          print the file's sha256
   check-kind FILE KIND                 is FILE what its step expects (KIND: gzip,
-                                       tar, text, xml)? If not, print what it is
+                                       tar, text)? If not, print what it is
                                        instead (an HTML page, empty, ...), exit 3
   iwslt-train IN OUT                   fairseq prepare-iwslt14.sh on train.tags.*
   iwslt-xml OUT XML [XML ...]          fairseq prepare-iwslt14.sh on the *.xml sets
@@ -122,9 +122,8 @@ def sniff(path):
 
 
 # What each expected kind accepts: a "tar" step unpacks any compressed tar.
-_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}, "xml": {"xml"}}
-_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file",
-          "xml": "an XML file"}
+_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}}
+_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file"}
 
 
 def check_kind(path, kind):
@@ -448,12 +447,6 @@ def zip_aligned(a, b, name_a, name_b):
         if x is end or y is end:
             raise PrepareError(f"{name_a} and {name_b} differ in length")
         yield x, y
-
-
-def clean_corpus(src, tgt, min_len, max_len, ratio=9.0):
-    """clean_pairs on two lists: (kept src lines, kept tgt lines)."""
-    kept = list(clean_pairs(zip_aligned(src, tgt, "source", "target"), min_len, max_len, ratio))
-    return [f for f, _ in kept], [e for _, e in kept]
 
 
 # --- mosesdecoder scripts/tokenizer/lowercase.perl --------------------------------------
