@@ -287,20 +287,6 @@ def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500,
     return counts
 
 
-def fairseq_preprocess_exe():
-    """fairseq-preprocess next to the running interpreter (a venv's bin/), else on PATH."""
-    here = Path(sys.executable).parent / "fairseq-preprocess"
-    if here.exists():
-        return str(here)
-    found = shutil.which("fairseq-preprocess")
-    if found:
-        return found
-    raise FileNotFoundError(
-        f"fairseq-preprocess is neither next to {sys.executable} nor on PATH; "
-        "run `make setup` (scripts/setup-env.sh) first"
-    )
-
-
 def binarize(out_dir, bin_dir, workers=1):
     """Binarize a corpus written by :func:`generate` into bin_dir (joined dictionary).
 
@@ -310,8 +296,10 @@ def binarize(out_dir, bin_dir, workers=1):
     out, dest = Path(out_dir), Path(bin_dir)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    from recipes import fairseq_exe  # next to the running python (a venv's bin/), else on PATH
+
     cmd = [
-        fairseq_preprocess_exe(), "--source-lang", "src", "--target-lang", "tgt",
+        fairseq_exe("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
         "--trainpref", str(out / "train"), "--validpref", str(out / "valid"),
         "--testpref", str(out / "test"), "--destdir", str(tmp),
         "--joined-dictionary", "--workers", str(workers),
