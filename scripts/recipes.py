@@ -1,32 +1,15 @@
 """The one driver of the recipes: a config (``configs/*.yaml``) -> fairseq-train, the checkpoint
-it decodes, the scores, and the reproduction table. ``scripts/train.sh``, ``evaluate.sh``,
-``reproduce.sh`` and ``demo.py`` all go through the functions here.
+it decodes, its scores, and the reproduction table. ``scripts/train.sh``, ``evaluate.sh``,
+``reproduce.sh`` and ``demo.py`` all go through the functions here; ``python
+scripts/recipes.py {train,evaluate,reproduce,argv,check} -h`` gives the command lines.
 
-A config is one published row, a YAML mapping:
-
-  name, dataset, setting, norm, paper, metric   strings (``name`` names the run's folder)
-  published                 the published number, or null
-  data                      binarized data (relative paths: from the repository root)
-  source_lang, target_lang  the language pair
-  train                     fairseq-train options, ``flag: value`` (true: a bare flag; false or
-                            null: left out), checked by fairseq's own parser. The driver adds
-                            the plugin, save dir, languages, data and device (RESERVED_TRAIN).
-  evaluate                  which checkpoint is decoded and how it is scored (EVALUATE_KEYS)
-  notes                     the released script followed, what differs, the number's source
-  shares_training_with      (optional) the config whose training run this one decodes
-
-Command line (ARGS: fairseq-train arguments over the config's; after ``--`` for evaluate,
-fairseq-generate arguments)::
-
-    python scripts/recipes.py train CONFIG [--data DIR] [--gpus N [--bn-sync-stats]] [ARGS]
-    python scripts/recipes.py evaluate CONFIG [--checkpoint-dir DIR] [--checkpoint FILE] [--data DIR]
-    python scripts/recipes.py reproduce CONFIG... [--out DIR] [--data DIR] [--gpus N ...] [-- ARGS]
-    python scripts/recipes.py reproduce --table-only CONFIG... [--out DIR]
-    python scripts/recipes.py argv CONFIG [--data DIR] [--gpus N ...] [-- ARGS]
-    python scripts/recipes.py check CONFIG...
-
-Runs use the CPU (``--cpu``) when torch sees no GPU, else one GPU (``--distributed-world-size
-1``, as every paper trained); ``--gpus N`` spreads a run over N GPUs with update-freq / N.
+A config is one published row, a YAML mapping (TOP_KEYS): ``name`` (its run folder),
+``dataset``, ``setting``, ``norm``, ``paper``, ``published`` (or null), ``metric``, ``data``
+(relative to the repository root), ``source_lang``, ``target_lang``, ``train`` (fairseq-train
+options ``flag: value``; true: a bare flag, false or null: left out; fairseq's parser checks
+them, the driver adds those of RESERVED_TRAIN), ``evaluate`` (the checkpoint decoded and how
+it is scored: EVALUATE_KEYS), ``notes`` (the release followed, what differs, the number's
+source) and optionally ``shares_training_with`` (the config whose run this one decodes).
 """
 import argparse
 import contextlib
@@ -751,6 +734,8 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     if table_only and extra:
         raise ConfigError(f"--table-only trains nothing: extra fairseq-train arguments ({' '.join(extra)}) "
                           "have no effect")
+    if any(key == "save-dir" for key, _ in split_extra(extra)):
+        raise ConfigError("reproduce trains each config into --out/<name>: --save-dir has no place here")
     if not table_only:
         for recipe in recipes:
             check_data(recipe, data)

@@ -85,6 +85,12 @@ def test_bad_device_choices_give_one_line(path, kwargs, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_reproduce_keeps_its_runs_in_out(tmp_path):
+    with pytest.raises(ConfigError, match="reproduce trains each config into --out/<name>: --save-dir"):
+        recipes.reproduce([XU], tmp_path / "out", extra=["--save-dir", str(tmp_path / "elsewhere")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_generate_argv():
     r = load_config(REPO / "configs" / "wang2022-iwslt14-deen-pre-bn-teststats.yaml")
     argv = recipes.generate_argv(r, "avg.pt", gpu=False)
