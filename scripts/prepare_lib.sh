@@ -56,10 +56,11 @@ pl__abs() { realpath -m -- "$1"; }
 pl_parse_args() {
     local v
     PL_CMDLINE="scripts/$(basename "$0")${*:+ $*}"
-    v=${PL_ENV}_ARCHIVE; PL_ARCHIVE=${!v:-}
-    v=${PL_ENV}_URL; PL_URL=${!v:-$PL_DEFAULT_URL}
-    v=${PL_ENV}_SHA256; PL_SHA256=${!v:-}
-    v=${PL_ENV}_SHA256_FILE; PL_SHA256_FILE=${!v:-}
+    for v in ARCHIVE URL SHA256 SHA256_FILE; do  # defaults from the environment, e.g. IWSLT14_URL
+        local env=${PL_ENV}_$v
+        printf -v "PL_$v" '%s' "${!env:-}"
+    done
+    PL_URL=${PL_URL:-$PL_DEFAULT_URL}
     PL_WORK=$PL_REPO/data/$PL_NAME
     PL_DEST=$PL_REPO/data/data-bin/$PL_DEST_NAME
     PL_WORKERS=$(nproc 2>/dev/null || echo 1)
@@ -67,23 +68,13 @@ pl_parse_args() {
     PL_FORCE=0
     PL_SKIP_SIZE_CHECK=0
     PL_SIZE_CHECK="not run"
-    PL_BPE_SIZE_SET=0
     while [ $# -gt 0 ]; do
         case $1 in
             -h|--help) pl_usage; exit 0 ;;
             --archive|--url|--sha256|--sha256-file|--work|--dest|--bpe|--bpe-size|--workers)
                 [ $# -ge 2 ] || pl_die "option $1 needs a value (see --help)"
-                case $1 in
-                    --archive) PL_ARCHIVE=$2 ;;
-                    --url) PL_URL=$2 ;;
-                    --sha256) PL_SHA256=$2 ;;
-                    --sha256-file) PL_SHA256_FILE=$2 ;;
-                    --work) PL_WORK=$2 ;;
-                    --dest) PL_DEST=$2 ;;
-                    --bpe) PL_BPE=$2 ;;
-                    --bpe-size) PL_BPE_SIZE=$2; PL_BPE_SIZE_SET=1 ;;
-                    --workers) PL_WORKERS=$2 ;;
-                esac
+                v=${1#--}; v=${v//-/_}
+                printf -v "PL_${v^^}" '%s' "$2"  # --sha256-file -> PL_SHA256_FILE, ...
                 shift 2 ;;
             --no-binarize) PL_BINARIZE=0; shift ;;
             --skip-size-check) PL_SKIP_SIZE_CHECK=1; shift ;;
@@ -325,7 +316,7 @@ pl_verify() {
             pl__bad "$file is corrupt or truncated (${err:-tar cannot read it to the end}); $todo"
         fi
     fi
-    got=$(pl_helper sha256 "$file")
+    got=$(sha256sum <"$file" | cut -d' ' -f1)
     if [ -n "$want" ]; then
         [ "$got" = "$want" ] || pl__bad "checksum mismatch for $file: sha256 $got, expected $want$cited (corrupt, or another version); $todo, or give the right value with --sha256 (a value pinned on first use is kept in $PL_WORK/archives/$name.sha256)"
         pl_log "sha256 of $name verified ($got)"

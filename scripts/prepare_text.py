@@ -9,7 +9,6 @@ byte-identical to theirs (tests/fixtures/*-golden/).
 """
 import argparse
 import datetime
-import hashlib
 import itertools
 import json
 import os
@@ -52,14 +51,6 @@ def write_lines(path, lines):
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for line in lines:
             f.write(line + "\n")
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --- what a downloaded file is ----------------------------------------------------
@@ -671,7 +662,6 @@ def _check_kind(a):
 PAIRS = ("pairs", dict(nargs="+", metavar="IN OUT"))
 # command: (what it does, its arguments, what it runs)
 COMMANDS = {
-    "sha256": ("print the file's sha256", [("file", {})], lambda a: print(sha256(a.file))),
     "check-kind": ("is FILE what its step expects? If not, print what it is instead, exit 3",
                    [("file", {}), ("kind", dict(choices=sorted(_ACCEPTS)))], _check_kind),
     "iwslt-train": ("fairseq prepare-iwslt14.sh on train.tags.*", [("inp", {}), ("out", {})],
