@@ -69,6 +69,7 @@ def run_killed_in(step, script, *args, timeout=120):
     finally:
         timer.cancel()
         kill_group(proc)
+        proc.stderr.close()
     assert seen and f"step {step}: running" in seen[-1], "".join(seen)
     return "".join(seen)
 
