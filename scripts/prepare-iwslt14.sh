@@ -1,58 +1,26 @@
 #!/usr/bin/env bash
-# Prepare IWSLT14 German-English (TED) exactly as fairseq's classic recipe,
-# facebookresearch/fairseq examples/translation/prepare-iwslt14.sh, and binarize it
-# for De->En (the papers' data). tests/test_prepare.py checks the tokenized and BPE text
-# byte for byte against that script's own output (tests/fixtures/iwslt14-golden/).
+# Prepare IWSLT14 German-English (TED) as fairseq's classic recipe does
+# (facebookresearch/fairseq examples/translation/prepare-iwslt14.sh), binarized for De->En.
+# tests/test_prepare.py checks our text byte for byte against that script's own output
+# (tests/fixtures/iwslt14-golden/); data/README.md describes the data.
 #
-# Usage: scripts/prepare-iwslt14.sh [options]
-#   --archive PATH|URL  the IWSLT14 archive de-en.tgz (folder de-en/ inside) to use
-#                       instead of downloading it (env IWSLT14_ARCHIVE)
-#   --url URL           where to download it (env IWSLT14_URL; default
-#                       https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz,
-#                       the mirror fairseq's script uses; the original was
-#                       https://wit3.fbk.eu/archive/2014-01/texts/de/en/de-en.tgz)
-#   --sha256 HEX        expected sha256 of de-en.tgz (env IWSLT14_SHA256). No public
-#                       source publishes one: without it, the first good copy's
-#                       checksum is recorded in WORK/archives/de-en.tgz.sha256 and
-#                       later copies must match it
-#   --sha256-file FILE  expected checksums in sha256sum format (env IWSLT14_SHA256_FILE)
-#   --bpe TYPE          subword-nmt (default, as fairseq's script), sentencepiece, none
-#   --bpe-size N        subword-nmt merges (default 10000, as fairseq's script), or
-#                       the sentencepiece vocabulary size
-#   --skip-size-check   go on when train/valid/test are not the published
-#                       160,239 / 7,283 / 6,750 pairs (a deliberate change, a test)
-#   --work DIR          working folder (default data/iwslt14)
-#   --dest DIR          binarized output (default data/data-bin/iwslt14.tokenized.de-en)
-#   --workers N         processes (default: all cores)
-#   --no-binarize       stop after BPE (text in WORK/bpe)
-#   --force             redo every step
-#   (--classic-clean is accepted and ignored: the classic cleaning is the only one.)
+# Usage: scripts/prepare-iwslt14.sh [options]; defaults: --archive/--url: de-en.tgz from
+# https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz (fairseq's mirror of
+# wit3.fbk.eu; no public sha256: the first good copy's is pinned), --bpe subword-nmt
+# --bpe-size 10000, --work data/iwslt14, --dest data/data-bin/iwslt14.tokenized.de-en,
+# sizes 160,239 / 7,283 / 6,750 pairs. (--classic-clean is accepted and ignored.)
 #
-# Steps (each skipped when done before; see scripts/prepare_lib.sh), each the
-# lines of fairseq's script named in brackets:
-#   fetch      download (or take --archive); it must be a gzip'd tar that `tar -t`
-#              reads to the end; check the sha256                        [wget]
-#   extract    unpack                                                     [tar zxvf]
-#   text       train: de-en/train.tags.de-en.{de,en} without the lines holding
-#              <url>, <talkid> or <keywords>, the <title>/<description> tags
-#              removed (every other line stays: <speaker>, <reviewer ...>, ...);
-#              test: the '<seg id' lines of IWSLT14.TED.dev2010, TEDX.dev2012,
-#              TED.tst2010, tst2011, tst2012 (that order), tags and the spaces
-#              next to them removed, ’ -> '              [grep -v / sed, grep / sed]
-#   tok        Moses tokenizer.perl -l de / -l en (mosesdecoder HEAD, as the
-#              script clones it; ported in scripts/prepare_text.py) [tokenizer.perl]
-#   split      clean-corpus-n.perl -ratio 1.5 1 175 on train; lowercase.perl;
-#              valid = pairs 23, 46, 69, ... of train, train = the rest; test =
-#              the five sets concatenated            [clean, lc, awk NR%23, cat]
-#   (sizes)    train/valid/test against 160,239 / 7,283 / 6,750 pairs
-#   bpe-learn  subword-nmt learn-bpe -s 10000 on train.de then train.en [learn_bpe.py]
-#   bpe        subword-nmt apply-bpe to train/valid/test in both languages [apply_bpe.py]
-#   binarize   fairseq-preprocess --source-lang de --target-lang en
-#              --joined-dictionary, plus prepare.json (what was made: BPE type
-#              and size, sizes, source checksums) and the BPE codes
-#
-# Decode with `fairseq-generate ... --remove-bpe` ('@@ '; prepare.json's remove_bpe);
-# the output is then tokenized, lowercased text, scored as the papers did.
+# Steps, each the lines of fairseq's script in brackets (skipped when done before):
+#   fetch, extract  de-en.tgz, read by `tar -t` to the end, sha256         [wget, tar zxvf]
+#   text       train.tags.de-en.*: lines with <url>, <talkid>, <keywords> dropped, the
+#              <title>/<description> tags removed; test: the '<seg id' lines of TED.dev2010,
+#              TEDX.dev2012, TED.tst2010-2012, tags removed, ’ -> '    [grep -v / sed, grep / sed]
+#   tok        Moses tokenizer.perl -l de|en (ported in prepare_text.py) [tokenizer.perl]
+#   split      clean-corpus-n.perl -ratio 1.5 1 175, lowercase.perl; valid = pairs 23, 46, ...
+#              of train, train = the rest; test = the five sets     [clean, lc, awk NR%23, cat]
+#   bpe-learn, bpe  subword-nmt learn-bpe on train.de then train.en, apply-bpe [learn/apply_bpe.py]
+#   binarize   fairseq-preprocess --joined-dictionary, prepare.json, the BPE codes
+# Decode with `fairseq-generate ... --remove-bpe` (tokenized, lowercased text).
 set -euo pipefail
 # shellcheck source=scripts/prepare_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/prepare_lib.sh"

@@ -1,49 +1,21 @@
 #!/usr/bin/env bash
-# Prepare IWSLT15 English-Vietnamese (TED) from the Stanford NLP release (Luong and
-# Manning 2015), the standard set, and binarize it for En->Vi: train =
-# train.{en,vi} (133,317 pairs), valid = tst2012 (1,553), test = tst2013 (1,268).
+# Prepare IWSLT15 English-Vietnamese (TED) from the Stanford NLP release (Luong and Manning
+# 2015), binarized for En->Vi: train = train.{en,vi}, valid = tst2012, test = tst2013
+# (133,317 / 1,553 / 1,268 pairs), Moses-tokenized and cased as released, used as they are.
+# The default BPE (joint subword-nmt, 8,000 merges) is our choice: no source states the
+# En-Vi vocabulary of Xu et al. 2019 (data/README.md).
 #
-# The Stanford files (https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/)
-# are already Moses-tokenized (escaped: &apos; &quot; ...) and cased; they are
-# used as they are (no filtering), lowercased only with --lowercase.
-#
-# Vocabulary. Xu et al. 2019 state the split sizes above, but no source reachable
-# when this was written says which vocabulary or BPE they used for En-Vi:
-# lancopku/AdaNorm holds only De-En scripts, and the same group's En-Vi code of
-# that year (lancopku/Explicit-Sparse-Transformer, t2t_envi_est.sh) used
-# tensor2tensor's translate_envi_iwslt32k, a 32k subword vocabulary that
-# fairseq-preprocess cannot reproduce. The default is therefore this project's
-# choice, stated as such: a joint subword-nmt BPE of 8,000 merges on
-# train.en + train.vi (the same tool and --remove-bpe as the IWSLT14 recipe).
-# `--bpe none` keeps the Stanford words.
-#
-# Usage: scripts/prepare-iwslt15-envi.sh [options]
-#   --archive PATH|URL  a folder holding train.en train.vi tst2012.en tst2012.vi
-#                       tst2013.en tst2013.vi, or a tar archive holding them
-#                       anywhere inside (env IWSLT15_ARCHIVE)
-#   --url URL           base URL of the six files (env IWSLT15_URL; default the
-#                       Stanford page above), or the URL of a tar archive of them
-#   --sha256 HEX        expected sha256 of a tar --archive (env IWSLT15_SHA256)
-#   --sha256-file FILE  expected checksums in sha256sum format, by file name (env
-#                       IWSLT15_SHA256_FILE); without one, each file's first good
-#                       copy is pinned in WORK/archives/NAME.sha256 (no public
-#                       source gives their sha256)
-#   --bpe TYPE          subword-nmt (default), sentencepiece, or none
-#   --bpe-size N        subword-nmt merges (default 8000), or sentencepiece vocabulary
+# Usage: scripts/prepare-iwslt15-envi.sh [options]; defaults: --url
+# https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi (the six files, or the URL of a
+# tar of them); --archive: a folder holding train.en train.vi tst2012.en tst2012.vi
+# tst2013.en tst2013.vi, or a tar archive holding them; --sha256: of a tar --archive (no
+# public sha256 of the files: each first good copy is pinned); --bpe-size 8000; --work
+# data/iwslt15; --dest data/data-bin/iwslt15.en-vi. Its own option:
 #   --lowercase         lowercase both sides
-#   --skip-size-check   go on when the sizes are not the published ones
-#   --work DIR          working folder (default data/iwslt15)
-#   --dest DIR          binarized output (default data/data-bin/iwslt15.en-vi)
-#   --workers N         processes (default: all cores)
-#   --no-binarize       stop before fairseq-preprocess
-#   --force             redo every step
 #
-# Steps: fetch (download each file, or --archive; each must be UTF-8 text, not an
-# HTML page; sha256), extract (unpack or copy), text (assemble train/valid/test;
-# characters that fairseq or subword-nmt would read as line breaks become spaces;
-# optional lowercasing), (sizes: 133,317 / 1,553 / 1,268), bpe-learn, bpe, binarize
-# (fairseq-preprocess --source-lang en --target-lang vi --joined-dictionary, plus
-# prepare.json). Decode with `fairseq-generate ... --remove-bpe` ('@@ ').
+# Steps: fetch (each file UTF-8 text, sha256), extract, text (characters that fairseq or
+# subword-nmt would read as line breaks become spaces; --lowercase), sizes, bpe-learn,
+# bpe, binarize. Decode with `fairseq-generate ... --remove-bpe`.
 set -euo pipefail
 # shellcheck source=scripts/prepare_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/prepare_lib.sh"

@@ -1,69 +1,34 @@
 #!/usr/bin/env bash
-# Prepare WMT16 English-German, the standard 4.5M-pair set, and binarize it for
-# En->De: train = WMT16 training data, valid = newstest2013, test = newstest2014.
+# Prepare WMT16 English-German, the standard 4.5M-pair set, binarized for En->De: the set
+# google/seq2seq's bin/data/wmt16_en_de.sh made in 2017 (its archive on Google Drive, used
+# by fairseq's examples/scaling_nmt and the papers, is gone: fairseq #4192, #4454), rebuilt
+# from the raw corpora step for step as that script (data/README.md):
+#   train  Europarl v7 + Common Crawl + News Commentary v11, in that order, tokenized,
+#          clean-corpus-n.perl 1..80 (ratio 9)
+#   valid  newstest2013 (dev.tgz, plain text); test newstest2014 (dev.tgz's
+#          newstest2014-deen-{src.de,ref.en}.sgm, input-from-sgm.perl); both tokenized
+#   tokenizer.perl as mosesdecoder was in 2017, before 9fc964da7 (2018-11-07, "split final
+#   dots unconditionally"); a joint subword-nmt BPE of 32,000 merges; cased
 #
-# The set is the one google/seq2seq's bin/data/wmt16_en_de.sh made in 2017 (its
-# wmt16_en_de.tar.gz on Google Drive, which fairseq's examples/scaling_nmt and the
-# papers used, is gone: fairseq issues #4192, #4454). This script rebuilds it from
-# the raw corpora, step for step as that script:
-#   train  Europarl v7 + Common Crawl + News Commentary v11, concatenated in that
-#          order, Moses-tokenized, cleaned to 1..80 tokens (clean-corpus-n.perl's
-#          default ratio 9)
-#   valid  newstest2013 (dev.tgz, plain text), Moses-tokenized
-#   test   newstest2014, from dev.tgz's newstest2014-deen-{src.de,ref.en}.sgm
-#          (input-from-sgm.perl), Moses-tokenized
-#   BPE    a joint subword-nmt BPE of 32,000 merges learned on train.de then
-#          train.en, applied to all three; cased text, no lowercasing
-# The tokenizer is tokenizer.perl as mosesdecoder was in 2017 (`-q -l en|de
-# -threads 8`, escaping on): before commit 9fc964da7 (2018-11-07, "split final dots
-# unconditionally"), which changes sentence-final tokens.
-#
-# Usage: scripts/prepare-wmt16.sh [options]
+# Usage: scripts/prepare-wmt16.sh [options]; defaults: the release URLs (URLS here), --bpe-size
+# 32000, --work data/wmt16, --dest data/data-bin/wmt16_en_de_bpe32k. Its own readings:
 #   --archive DIR       a folder holding the four upstream files under their names
-#                       (de-en.tgz, training-parallel-commoncrawl.tgz,
-#                       training-parallel-nc-v11.tgz, dev.tgz) instead of downloading
-#   --archive FILE      Google's own wmt16_en_de.tar.gz, for those who kept a copy:
-#                       its train.tok.clean.bpe.32000 and newstest2013/2014
-#                       .tok.bpe.32000 files are binarized as they are
-#                       (env WMT16_ARCHIVE for either)
-#   --url URL           a mirror holding the four files under their names (env
-#                       WMT16_URL); default: their release URLs (below)
-#   --sha256-file FILE  expected checksums in sha256sum format, by file name
-#   --sha256 HEX        expected sha256 of an --archive FILE
-#   --bpe TYPE          subword-nmt (default), or sentencepiece (learned on the
-#                       tokenized, cleaned text; --bpe-size is then the vocabulary)
-#   --bpe-size N        subword-nmt merges (default 32000)
-#   --skip-size-check   go on when the sizes differ from the published ones (below)
-#   --work DIR          working folder (default data/wmt16)
-#   --dest DIR          binarized output (default data/data-bin/wmt16_en_de_bpe32k)
-#   --workers N         processes (default: all cores)
-#   --no-binarize       stop before fairseq-preprocess
-#   --force             redo every step
+#   --archive FILE      Google's own wmt16_en_de.tar.gz, if you kept it: its BPE files are
+#                       binarized as they are
+#   --url URL           a mirror holding the four files; --sha256: of an --archive FILE
 #
-# Sources (google/seq2seq's URLs, over https) and what is known of them:
-#   https://www.statmt.org/europarl/v7/de-en.tgz                         Europarl v7
-#   https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz      Common Crawl
-#       918,311,367 bytes, sha256 c7a74e2e...; and
-#   https://data.statmt.org/wmt16/translation-task/training-parallel-nc-v11.tgz
-#       75,178,032 bytes, sha256 cfe8ab04...: both as listed by tensorflow/datasets
-#       (tensorflow_datasets/url_checksums/wmt16_translate.txt), and enforced here
-#   https://data.statmt.org/wmt16/translation-task/dev.tgz     newstest2013, 2014
-# No public source gives a checksum of de-en.tgz or dev.tgz: the first good copy
-# of each is pinned in WORK/archives/NAME.sha256 (pass --sha256-file to pin yours).
-# test.tgz (newstest2016) is not needed. Our newstest2014.de, the text taken from
-# its .sgm, must have the md5 that NVIDIA/DeepLearningExamples
-# (PyTorch/Translation/GNMT/scripts/verify_dataset.sh) publishes for the same file.
+# Sources: statmt.org's de-en.tgz (Europarl v7), training-parallel-commoncrawl.tgz
+# (918,311,367 bytes, sha256 c7a74e2e...), training-parallel-nc-v11.tgz (75,178,032 bytes,
+# cfe8ab04...; both as tensorflow/datasets lists them, enforced) and dev.tgz; no public
+# checksum of de-en.tgz or dev.tgz (the first good copy is pinned). Our newstest2014.de must
+# have the md5 NVIDIA/DeepLearningExamples publishes (GNMT scripts/verify_dataset.sh).
+# Sizes: 3,000 / 3,003 for valid / test; train "about 4.5M" (no exact count is published:
+# checked as 4.4M-4.6M).
 #
-# Published sizes: newstest2013 3,000 and newstest2014 3,003 pairs; train "about
-# 4.5M" pairs (Vaswani et al. 2017; Ott et al. 2018). No source found here gives
-# the exact train count, so train is checked against 4,400,000..4,600,000 only.
-#
-# Steps: fetch, extract, text (concatenate; sgm -> text), tok, clean, (sizes),
-# bpe-learn, bpe, binarize (fairseq-preprocess --source-lang en --target-lang de
-# --joined-dictionary --nwordssrc 32768 --nwordstgt 32768, as fairseq's
-# examples/scaling_nmt/README.md, plus prepare.json). From Google's archive:
-# fetch, extract, text (pick its files), (sizes), binarize.
-# Decode with `fairseq-generate ... --remove-bpe` ('@@ ').
+# Steps: fetch, extract, text, tok, clean, sizes, bpe-learn, bpe, binarize
+# (fairseq-preprocess --joined-dictionary --nwordssrc 32768 --nwordstgt 32768, as
+# examples/scaling_nmt). Google's archive: fetch, extract, text, sizes, binarize.
+# Decode with `fairseq-generate ... --remove-bpe`.
 set -euo pipefail
 # shellcheck source=scripts/prepare_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/prepare_lib.sh"

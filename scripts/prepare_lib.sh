@@ -1,52 +1,30 @@
 # shellcheck shell=bash
-# Shared machinery of scripts/prepare-*.sh; sourced, not run.
+# Shared machinery of scripts/prepare-*.sh (sourced, not run); data/README.md describes
+# the checks, the steps and re-runs for users.
 #
-# * Options common to every script (parsed by pl_parse_args):
-#     --archive PATH|URL   local archive (or folder) to use instead of downloading;
-#                          a URL (http[s]://, ftp://, file://) is downloaded instead
-#                          of the default one. Env: <P>_ARCHIVE.
-#     --url URL            download from URL instead of the default. Env: <P>_URL.
-#     --sha256 HEX         expected sha256 of the archive. Env: <P>_SHA256.
-#     --sha256-file FILE   expected checksums in `sha256sum` format, matched by file
-#                          name. Env: <P>_SHA256_FILE.
-#     --work DIR           working folder (default data/<name> in the repository)
-#     --dest DIR           fairseq-preprocess output (default data/data-bin/<name>)
-#     --bpe TYPE           subword-nmt, sentencepiece or none
-#     --bpe-size N         subword-nmt merges, or sentencepiece vocabulary size
-#     --skip-size-check    go on when the split sizes differ from the published ones
-#     --workers N          processes for the text steps and fairseq-preprocess
-#     --no-binarize        stop before fairseq-preprocess
-#     --force              redo every step
-#   where <P> is the script's prefix (IWSLT14, WMT16, IWSLT15).
+# Options of every script (parsed by pl_parse_args; <P> is IWSLT14, WMT16 or IWSLT15):
+#   --archive PATH|URL   a local archive (or folder) instead of the download; a URL
+#                        (http[s]://, ftp://, file://) is downloaded. Env <P>_ARCHIVE
+#   --url URL            download from URL instead of the default. Env <P>_URL
+#   --sha256 HEX         expected sha256 of the archive. Env <P>_SHA256
+#   --sha256-file FILE   expected checksums (`sha256sum` format, by file name). Env <P>_SHA256_FILE
+#   --work DIR           working folder (default data/<name>)
+#   --dest DIR           fairseq-preprocess output (default data/data-bin/<name>)
+#   --bpe TYPE           subword-nmt, sentencepiece or none
+#   --bpe-size N         subword-nmt merges, or sentencepiece vocabulary size
+#   --skip-size-check    go on when the split sizes differ from the published ones
+#   --workers N          processes for the text steps and fairseq-preprocess (default: all cores)
+#   --no-binarize        stop before fairseq-preprocess
+#   --force              redo every step
 #
-# * Downloads are checked before use: each must be what its step expects (a gzip
-#   or tar archive that `tar -t` reads to the end, or UTF-8 text), not an HTML
-#   error page or a truncated file.
-#
-# * Checksums. Expected values come from --sha256 / --sha256-file / a FILE.sha256
-#   next to a local archive, else from a value the script cites (PL_KNOWN_SHA256,
-#   with the public source of each), else the first good copy is trusted: after it
-#   passes the checks its sha256 is recorded in WORK/archives/NAME.sha256, and
-#   every later fetch of NAME (a re-download, another --archive) must match it.
-#   The sha256 of every source used goes into prepare.json.
-#
-# * Sizes. pl_check_sizes compares the split sizes with the published ones and
-#   stops with both figures unless --skip-size-check is given.
-#
-# * Steps. `pl_step NAME KEY FUNC ARGS...` runs FUNC with $STEP_OUT set to an empty
-#   temporary folder (OUT.tmp next to the step's output folder OUT, WORK/NAME by
-#   default). When FUNC returns, OUT.tmp is renamed to OUT and only then is the
-#   marker WORK/.state/NAME.done written (also write-then-rename). A run killed at
-#   any point therefore never leaves a step marked done with partial output. The
-#   marker holds the step's KEY (its parameters), a fresh random id, and the id of
-#   the step before it: a step is skipped only if its marker matches its KEY and
-#   the current id of the previous step, so redoing one step redoes all later ones.
-#
-# * Failures stop the script with one line starting with "ERROR:" that names the
-#   URL or file and says what to do.
-#
-# * Test hook: NORMPLUG_PREPARE_KILL_AT=NAME makes the script SIGKILL itself inside
-#   step NAME, after FUNC has written its output but before the step is committed.
+# Downloads are checked before use (pl_verify): the kind of file, whole, then the sha256
+# given, cited (PL_KNOWN_SHA256) or pinned on first use in WORK/archives/NAME.sha256.
+# `pl_step NAME KEY FUNC ARGS...` runs FUNC with $STEP_OUT an empty OUT.tmp, renames it to
+# OUT (WORK/NAME) when FUNC returns, and only then writes the marker WORK/.state/NAME.done
+# (write-then-rename) with the step's KEY, a fresh id and the id of the step before it: a
+# killed run never leaves a step marked done with partial output, a step is skipped only
+# when KEY and the previous step's id match, so redoing one step redoes all after it.
+# Failures stop with one line "ERROR: ..." naming the URL or file and what to do.
 
 PL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PL_HELPER=$PL_REPO/scripts/prepare_text.py
@@ -61,8 +39,10 @@ pl_die() {
 }
 
 pl_usage() {
-    # The leading comment block of the calling script, without its '#'.
+    # The calling script's leading comment block, then the options every script has.
     sed -n '2,/^[^#]/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+    echo
+    sed -n '/^# Options of every script/,/^#$/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
 }
 
 pl__abs() { realpath -m -- "$1"; }
@@ -76,10 +56,11 @@ pl__abs() { realpath -m -- "$1"; }
 pl_parse_args() {
     local v
     PL_CMDLINE="scripts/$(basename "$0")${*:+ $*}"
-    v=${PL_ENV}_ARCHIVE; PL_ARCHIVE=${!v:-}
-    v=${PL_ENV}_URL; PL_URL=${!v:-$PL_DEFAULT_URL}
-    v=${PL_ENV}_SHA256; PL_SHA256=${!v:-}
-    v=${PL_ENV}_SHA256_FILE; PL_SHA256_FILE=${!v:-}
+    for v in ARCHIVE URL SHA256 SHA256_FILE; do  # defaults from the environment, e.g. IWSLT14_URL
+        local env=${PL_ENV}_$v
+        printf -v "PL_$v" '%s' "${!env:-}"
+    done
+    PL_URL=${PL_URL:-$PL_DEFAULT_URL}
     PL_WORK=$PL_REPO/data/$PL_NAME
     PL_DEST=$PL_REPO/data/data-bin/$PL_DEST_NAME
     PL_WORKERS=$(nproc 2>/dev/null || echo 1)
@@ -87,23 +68,13 @@ pl_parse_args() {
     PL_FORCE=0
     PL_SKIP_SIZE_CHECK=0
     PL_SIZE_CHECK="not run"
-    PL_BPE_SIZE_SET=0
     while [ $# -gt 0 ]; do
         case $1 in
             -h|--help) pl_usage; exit 0 ;;
             --archive|--url|--sha256|--sha256-file|--work|--dest|--bpe|--bpe-size|--workers)
                 [ $# -ge 2 ] || pl_die "option $1 needs a value (see --help)"
-                case $1 in
-                    --archive) PL_ARCHIVE=$2 ;;
-                    --url) PL_URL=$2 ;;
-                    --sha256) PL_SHA256=$2 ;;
-                    --sha256-file) PL_SHA256_FILE=$2 ;;
-                    --work) PL_WORK=$2 ;;
-                    --dest) PL_DEST=$2 ;;
-                    --bpe) PL_BPE=$2 ;;
-                    --bpe-size) PL_BPE_SIZE=$2; PL_BPE_SIZE_SET=1 ;;
-                    --workers) PL_WORKERS=$2 ;;
-                esac
+                v=${1#--}; v=${v//-/_}
+                printf -v "PL_${v^^}" '%s' "$2"  # --sha256-file -> PL_SHA256_FILE, ...
                 shift 2 ;;
             --no-binarize) PL_BINARIZE=0; shift ;;
             --skip-size-check) PL_SKIP_SIZE_CHECK=1; shift ;;
@@ -251,10 +222,6 @@ pl_step() {
     local t0=$SECONDS
     STEP_OUT=$tmp
     "$@"
-    if [ "${NORMPLUG_PREPARE_KILL_AT:-}" = "$name" ]; then
-        pl_log "test hook: killing this run inside step $name"
-        kill -KILL $$
-    fi
     rm -rf "$out.old"
     if [ -e "$out" ] || [ -L "$out" ]; then mv -- "$out" "$out.old"; fi
     mv -- "$tmp" "$out"
@@ -349,7 +316,7 @@ pl_verify() {
             pl__bad "$file is corrupt or truncated (${err:-tar cannot read it to the end}); $todo"
         fi
     fi
-    got=$(pl_helper sha256 "$file")
+    got=$(sha256sum <"$file" | cut -d' ' -f1)
     if [ -n "$want" ]; then
         [ "$got" = "$want" ] || pl__bad "checksum mismatch for $file: sha256 $got, expected $want$cited (corrupt, or another version); $todo, or give the right value with --sha256 (a value pinned on first use is kept in $PL_WORK/archives/$name.sha256)"
         pl_log "sha256 of $name verified ($got)"

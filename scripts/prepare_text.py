@@ -1,41 +1,14 @@
-"""Text steps of scripts/prepare-*.sh: line-for-line ports of the upstream scripts
-that made the papers' data, so that no perl, sed or mosesdecoder checkout is needed.
-It imports nothing from normplug (the scripts do not pay for torch or fairseq).
-
-    python scripts/prepare_text.py <command> [args]
-
-Commands (each reads whole files and writes whole files; the calling script
-writes into a temporary folder and renames it on success):
-
-  sha256 FILE                          print the file's sha256
-  check-kind FILE KIND                 is FILE what its step expects (KIND: gzip,
-                                       tar, text, xml)? If not, print what it is
-                                       instead (an HTML page, empty, ...), exit 3
-  iwslt-train IN OUT                   fairseq prepare-iwslt14.sh on train.tags.*
-  iwslt-xml OUT XML [XML ...]          fairseq prepare-iwslt14.sh on the *.xml sets
-  sgm-text IN OUT                      mosesdecoder input-from-sgm.perl
-  tokenize --lang L [--moses V] IN OUT [IN OUT ...]
-                                       mosesdecoder tokenizer.perl -l L
-  clean-corpus SRC TGT OUT_SRC OUT_TGT --min N --max N [--ratio R]
-                                       mosesdecoder clean-corpus-n.perl
-  lowercase IN OUT [IN OUT ...]        mosesdecoder lowercase.perl
-  split-every N IN KEEP_OUT EVERY_OUT  lines N, 2N, ... -> EVERY_OUT, others -> KEEP_OUT
-  sanitize-breaks IN OUT [IN OUT ...]  line-breaking characters other than \\n -> space
-  check-aligned FILE FILE...           fail unless all files have the same line count
-  bpe-learn CODES MERGES FILE...       subword-nmt learn-bpe -s MERGES on FILE... concatenated
-  bpe-apply CODES IN OUT [IN OUT ...]  subword-nmt apply-bpe -c CODES
-  spm-train PREFIX VOCAB FILE...       joint sentencepiece BPE model PREFIX.model
-  spm-encode MODEL IN OUT [IN OUT..]   apply it (pieces separated by spaces)
-  manifest OUT [--key value ...]       write prepare.json (see write_manifest)
-
-Every command exits non-zero with a one-line message on bad input.
-Where the upstream script and a Python library disagree, the upstream script
-wins: tests/fixtures/iwslt14-golden/ holds the outputs of fairseq's own
-prepare-iwslt14.sh, and tests/test_prepare.py requires ours to be byte-identical.
+"""Text steps of scripts/prepare-*.sh: line-for-line ports of the upstream scripts that
+made the papers' data (fairseq's prepare-iwslt14.sh, mosesdecoder's perl scripts), so that
+no perl, sed or mosesdecoder checkout is needed; ``python scripts/prepare_text.py -h`` lists
+the commands. It imports nothing from normplug (the scripts do not pay for torch or fairseq).
+Each command writes whole files (the calling step renames its folder when done) and exits
+non-zero with one ``ERROR:`` line on bad input. Where the upstream script and a Python
+library disagree, the upstream script wins: tests/test_prepare.py requires our output to be
+byte-identical to theirs (tests/fixtures/*-golden/).
 """
 import argparse
 import datetime
-import hashlib
 import itertools
 import json
 import os
@@ -80,14 +53,6 @@ def write_lines(path, lines):
             f.write(line + "\n")
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # --- what a downloaded file is ----------------------------------------------------
 
 def sniff(path):
@@ -122,9 +87,8 @@ def sniff(path):
 
 
 # What each expected kind accepts: a "tar" step unpacks any compressed tar.
-_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}, "xml": {"xml"}}
-_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file",
-          "xml": "an XML file"}
+_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}}
+_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file"}
 
 
 def check_kind(path, kind):
@@ -450,12 +414,6 @@ def zip_aligned(a, b, name_a, name_b):
         yield x, y
 
 
-def clean_corpus(src, tgt, min_len, max_len, ratio=9.0):
-    """clean_pairs on two lists: (kept src lines, kept tgt lines)."""
-    kept = list(clean_pairs(zip_aligned(src, tgt, "source", "target"), min_len, max_len, ratio))
-    return [f for f, _ in kept], [e for _, e in kept]
-
-
 # --- mosesdecoder scripts/tokenizer/lowercase.perl --------------------------------------
 
 def perl_lc(line):
@@ -620,173 +578,151 @@ def write_manifest(out, dataset, bpe, bpe_size, lowercased, text_dir, src, tgt, 
 REPORTED = 65
 
 
-def _pairs(ap, a):
+def _pairs(a):
     if len(a.pairs) % 2:
-        ap.error(f"{a.cmd}: expects IN OUT pairs, got an odd number of paths")
+        raise PrepareError(f"{a.cmd}: expects IN OUT pairs, got an odd number of paths")
     return list(zip(a.pairs[0::2], a.pairs[1::2]))
+
+
+def _map(a, convert):
+    """IN OUT [IN OUT ...]: OUT = convert(the lines of IN)."""
+    for a.inp, out in _pairs(a):
+        write_lines(out, convert(iter_lines(a.inp)))
+
+
+def _sanitize(lines, name):
+    lines = list(lines)
+    fixed = [x.translate(_BREAKS) for x in lines]
+    n = sum(x != y for x, y in zip(lines, fixed))
+    if n:
+        print(f"sanitize-breaks: {name}: {n} lines held line-breaking characters other than \\n "
+              "(now spaces)", file=sys.stderr)
+    return fixed
+
+
+def _iwslt_xml(a):
+    segs, counts = [], []
+    for a.inp in a.xml:
+        try:
+            these = iwslt_xml_lines(read_lines(a.inp))
+        except PrepareError as e:
+            raise PrepareError(f"{a.inp}: {e}")
+        segs += these
+        counts.append(f"{os.path.basename(a.inp)}={len(these)}")
+    write_lines(a.out, segs)
+    print("iwslt-xml: " + " ".join(counts), file=sys.stderr)
+
+
+def _sgm_text(a):
+    with open(a.inp, encoding="utf-8", newline="") as f:
+        try:
+            write_lines(a.out, sgm_text(f.read()))
+        except PrepareError as e:
+            raise PrepareError(f"{a.inp}: {e}")
+
+
+def _clean_corpus(a):
+    a.inp, counts = a.src, [0, 0]
+
+    def counted(pairs):
+        for pair in pairs:
+            counts[0] += 1
+            yield pair
+
+    pairs = counted(zip_aligned(iter_lines(a.src), iter_lines(a.tgt), a.src, a.tgt))
+    with open(a.out_src, "w", encoding="utf-8", newline="\n") as fs, \
+            open(a.out_tgt, "w", encoding="utf-8", newline="\n") as ft:
+        for f, e in clean_pairs(pairs, a.min, a.max, a.ratio):
+            fs.write(f + "\n")
+            ft.write(e + "\n")
+            counts[1] += 1
+    print(f"clean-corpus: kept {counts[1]} of {counts[0]} pairs", file=sys.stderr)
+
+
+def _split_every(a):
+    kept, every = split_every(read_lines(a.inp), a.n)
+    write_lines(a.keep_out, kept)
+    write_lines(a.every_out, every)
+
+
+def _check_aligned(a):
+    counts = [count_lines(f) for f in a.files]
+    if len(set(counts)) != 1:
+        raise PrepareError("files are not line-aligned: "
+                           + ", ".join(f"{f} has {c} lines" for f, c in zip(a.files, counts)))
+
+
+def _check_kind(a):
+    why = check_kind(a.file, a.kind)
+    if why:
+        print(why)
+        return 3
+
+
+PAIRS = ("pairs", dict(nargs="+", metavar="IN OUT"))
+# command: (what it does, its arguments, what it runs)
+COMMANDS = {
+    "check-kind": ("is FILE what its step expects? If not, print what it is instead, exit 3",
+                   [("file", {}), ("kind", dict(choices=sorted(_ACCEPTS)))], _check_kind),
+    "iwslt-train": ("fairseq prepare-iwslt14.sh on train.tags.*", [("inp", {}), ("out", {})],
+                    lambda a: write_lines(a.out, iwslt_train_lines(read_lines(a.inp)))),
+    "iwslt-xml": ("fairseq prepare-iwslt14.sh on the *.xml test sets", [("out", {}), ("xml", dict(nargs="+"))],
+                  _iwslt_xml),
+    "sgm-text": ("mosesdecoder input-from-sgm.perl", [("inp", {}), ("out", {})], _sgm_text),
+    "tokenize": ("mosesdecoder tokenizer.perl -l LANG",
+                 [("--lang", dict(required=True)), ("--moses", dict(default="current", choices=MOSES_VERSIONS)),
+                  PAIRS], lambda a: _map(a, lambda lines: tokenize_lines(lines, a.lang, a.moses))),
+    "clean-corpus": ("mosesdecoder clean-corpus-n.perl",
+                     [("src", {}), ("tgt", {}), ("out_src", {}), ("out_tgt", {}),
+                      ("--min", dict(type=int, required=True)), ("--max", dict(type=int, required=True)),
+                      ("--ratio", dict(type=float, default=9.0))],  # clean-corpus-n.perl's default
+                     _clean_corpus),
+    "lowercase": ("mosesdecoder lowercase.perl", [PAIRS], lambda a: _map(a, lambda lines: map(perl_lc, lines))),
+    "split-every": ("lines N, 2N, ... -> EVERY_OUT, the others -> KEEP_OUT",
+                    [("n", dict(type=int)), ("inp", {}), ("keep_out", {}), ("every_out", {})], _split_every),
+    "sanitize-breaks": ("line-breaking characters other than \\n -> space", [PAIRS],
+                        lambda a: _map(a, lambda lines: _sanitize(lines, a.inp))),
+    "check-aligned": ("fail unless all files have the same line count", [("files", dict(nargs="+"))],
+                      _check_aligned),
+    "bpe-learn": ("subword-nmt learn-bpe -s MERGES on FILE... concatenated",
+                  [("codes", {}), ("merges", dict(type=int)), ("files", dict(nargs="+"))],
+                  lambda a: bpe_learn(a.codes, a.merges, a.files)),
+    "bpe-apply": ("subword-nmt apply-bpe -c CODES", [("codes", {}), PAIRS],
+                  lambda a: _map(a, lambda lines: bpe_apply(a.codes, lines))),
+    "spm-train": ("a joint sentencepiece BPE model PREFIX.model",
+                  [("prefix", {}), ("vocab_size", dict(type=int)), ("files", dict(nargs="+"))],
+                  lambda a: spm_train(a.prefix, a.vocab_size, a.files)),
+    "spm-encode": ("apply it (pieces separated by spaces)", [("model", {}), PAIRS],
+                   lambda a: _map(a, lambda lines: spm_encode(a.model, list(lines)))),
+    "manifest": ("write prepare.json (see write_manifest)",
+                 [("out", {}), *[(f"--{k}", dict(required=k not in ("sources", "size-check")))
+                                 for k in ("dataset", "bpe", "bpe-size", "text-dir", "src", "tgt", "sources",
+                                           "script", "size-check")],
+                  ("--lowercased", dict(type=int, choices=(0, 1), required=True)),
+                  ("--extra", dict(default="{}", help="JSON object merged into the manifest"))],
+                 lambda a: write_manifest(a.out, a.dataset, a.bpe, a.bpe_size, a.lowercased, a.text_dir, a.src,
+                                          a.tgt, a.sources, a.script, a.size_check or "", json.loads(a.extra))),
+}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="prepare_text.py", description="text steps of scripts/prepare-*.sh")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("sha256")
-    p.add_argument("file")
-    p = sub.add_parser("check-kind")
-    p.add_argument("file")
-    p.add_argument("kind", choices=sorted(_ACCEPTS))
-    p = sub.add_parser("iwslt-train")
-    p.add_argument("inp")
-    p.add_argument("out")
-    p = sub.add_parser("iwslt-xml")
-    p.add_argument("out")
-    p.add_argument("xml", nargs="+")
-    p = sub.add_parser("sgm-text")
-    p.add_argument("inp")
-    p.add_argument("out")
-    p = sub.add_parser("tokenize")
-    p.add_argument("--lang", required=True)
-    p.add_argument("--moses", default="current", choices=MOSES_VERSIONS)
-    p.add_argument("pairs", nargs="+", metavar="IN OUT")
-    p = sub.add_parser("clean-corpus")
-    for name in ("src", "tgt", "out_src", "out_tgt"):
-        p.add_argument(name)
-    p.add_argument("--min", type=int, required=True)
-    p.add_argument("--max", type=int, required=True)
-    p.add_argument("--ratio", type=float, default=9.0)  # clean-corpus-n.perl's default
-    for name in ("lowercase", "sanitize-breaks"):
-        p = sub.add_parser(name)
-        p.add_argument("pairs", nargs="+", metavar="IN OUT")
-    p = sub.add_parser("split-every")
-    p.add_argument("n", type=int)
-    p.add_argument("inp")
-    p.add_argument("keep_out")
-    p.add_argument("every_out")
-    p = sub.add_parser("check-aligned")
-    p.add_argument("files", nargs="+")
-    p = sub.add_parser("bpe-learn")
-    p.add_argument("codes")
-    p.add_argument("merges", type=int)
-    p.add_argument("files", nargs="+")
-    p = sub.add_parser("bpe-apply")
-    p.add_argument("codes")
-    p.add_argument("pairs", nargs="+", metavar="IN OUT")
-    p = sub.add_parser("spm-train")
-    p.add_argument("prefix")
-    p.add_argument("vocab_size", type=int)
-    p.add_argument("files", nargs="+")
-    p = sub.add_parser("spm-encode")
-    p.add_argument("model")
-    p.add_argument("pairs", nargs="+", metavar="IN OUT")
-    p = sub.add_parser("manifest")
-    p.add_argument("out")
-    for name in ("dataset", "bpe", "bpe-size", "text-dir", "src", "tgt", "sources", "script", "size-check"):
-        p.add_argument(f"--{name}", required=name not in ("sources", "size-check"))
-    p.add_argument("--lowercased", type=int, choices=(0, 1), required=True)
-    p.add_argument("--extra", default="{}", help="JSON object merged into the manifest")
+    for name, (help, arguments, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help)
+        for arg, options in arguments:
+            p.add_argument(arg, **options)
     a = ap.parse_args(argv)
-    if not hasattr(a, "inp"):
-        a.inp = ""  # the file named in a UnicodeDecodeError message
-
+    a.inp = getattr(a, "inp", "")  # the file named in a UnicodeDecodeError message
     try:
-        if a.cmd == "sha256":
-            print(sha256(a.file))
-        elif a.cmd == "check-kind":
-            why = check_kind(a.file, a.kind)
-            if why:
-                print(why)
-                return 3
-        elif a.cmd == "iwslt-train":
-            write_lines(a.out, iwslt_train_lines(read_lines(a.inp)))
-        elif a.cmd == "iwslt-xml":
-            segs, counts = [], []
-            for xml in a.xml:
-                a.inp = xml
-                try:
-                    these = iwslt_xml_lines(read_lines(xml))
-                except PrepareError as e:
-                    raise PrepareError(f"{xml}: {e}")
-                segs += these
-                counts.append(f"{os.path.basename(xml)}={len(these)}")
-            write_lines(a.out, segs)
-            print("iwslt-xml: " + " ".join(counts), file=sys.stderr)
-        elif a.cmd == "sgm-text":
-            with open(a.inp, encoding="utf-8", newline="") as f:
-                try:
-                    write_lines(a.out, sgm_text(f.read()))
-                except PrepareError as e:
-                    raise PrepareError(f"{a.inp}: {e}")
-        elif a.cmd == "tokenize":
-            for inp, out in _pairs(ap, a):
-                a.inp = inp
-                write_lines(out, tokenize_lines(iter_lines(inp), a.lang, a.moses))
-        elif a.cmd == "clean-corpus":
-            a.inp = a.src
-            n_in = n_out = 0
-
-            def counted(pairs):
-                nonlocal n_in
-                for pair in pairs:
-                    n_in += 1
-                    yield pair
-
-            pairs = counted(zip_aligned(iter_lines(a.src), iter_lines(a.tgt), a.src, a.tgt))
-            with open(a.out_src, "w", encoding="utf-8", newline="\n") as fs, \
-                    open(a.out_tgt, "w", encoding="utf-8", newline="\n") as ft:
-                for f, e in clean_pairs(pairs, a.min, a.max, a.ratio):
-                    fs.write(f + "\n")
-                    ft.write(e + "\n")
-                    n_out += 1
-            print(f"clean-corpus: kept {n_out} of {n_in} pairs", file=sys.stderr)
-        elif a.cmd == "lowercase":
-            for inp, out in _pairs(ap, a):
-                a.inp = inp
-                write_lines(out, (perl_lc(x) for x in iter_lines(inp)))
-        elif a.cmd == "sanitize-breaks":
-            for inp, out in _pairs(ap, a):
-                a.inp = inp
-                lines = read_lines(inp)
-                fixed = [x.translate(_BREAKS) for x in lines]
-                n = sum(x != y for x, y in zip(lines, fixed))
-                if n:
-                    print(f"sanitize-breaks: {inp}: {n} lines held line-breaking characters "
-                          "other than \\n (now spaces)", file=sys.stderr)
-                write_lines(out, fixed)
-        elif a.cmd == "split-every":
-            kept, every = split_every(read_lines(a.inp), a.n)
-            write_lines(a.keep_out, kept)
-            write_lines(a.every_out, every)
-        elif a.cmd == "check-aligned":
-            counts = [count_lines(f) for f in a.files]
-            if len(set(counts)) != 1:
-                raise PrepareError(
-                    "files are not line-aligned: "
-                    + ", ".join(f"{f} has {c} lines" for f, c in zip(a.files, counts))
-                )
-        elif a.cmd == "bpe-learn":
-            bpe_learn(a.codes, a.merges, a.files)
-        elif a.cmd == "bpe-apply":
-            for inp, out in _pairs(ap, a):
-                a.inp = inp
-                write_lines(out, bpe_apply(a.codes, iter_lines(inp)))
-        elif a.cmd == "spm-train":
-            spm_train(a.prefix, a.vocab_size, a.files)
-        elif a.cmd == "spm-encode":
-            for inp, out in _pairs(ap, a):
-                a.inp = inp
-                write_lines(out, spm_encode(a.model, read_lines(inp)))
-        elif a.cmd == "manifest":
-            write_manifest(a.out, a.dataset, a.bpe, a.bpe_size, a.lowercased, a.text_dir,
-                           a.src, a.tgt, a.sources, a.script, a.size_check or "", json.loads(a.extra))
+        return COMMANDS[a.cmd][2](a) or 0
     except PrepareError as e:
         print(f"ERROR: {e}", file=sys.stderr)
-        return REPORTED
     except UnicodeDecodeError as e:
         print(f"ERROR: {a.inp}: not UTF-8 text ({e})", file=sys.stderr)
-        return REPORTED
     except FileNotFoundError as e:
         print(f"ERROR: {e.filename}: no such file", file=sys.stderr)
-        return REPORTED
-    return 0
+    return REPORTED
 
 
 if __name__ == "__main__":

@@ -1,38 +1,19 @@
-"""A seeded synthetic parallel corpus shaped like translation.
+"""A seeded synthetic parallel corpus shaped like translation (data/README.md describes it):
+a German-like source and an English-like target of pseudo-words, with a lexicon (a few
+adverbs translate to two words), noun-class agreement of target determiners and adjectives,
+local reordering (``DET ADJ* NOUN`` -> ``DET NOUN ADJ*``) and long-distance reordering
+(verb-second main clauses and verb-final subordinate clauses in the source; the target is
+always ``SUBJ [ADV] VERB [OBJ] [PP]``). Zipf-distributed words (weight 1/rank within each
+class, about 3,000 source types), sentences of 3 to 60 tokens, mean about 20.
 
-The "source" is a small German-like language and the "target" an English-like
-one, both made of pseudo-words. A model has to learn:
+Only :class:`random.Random` with fixed seeds and no set or hash ordering: the same seeds give
+byte-identical files on every Python. The lexicon has its own seed (``--lexicon-seed``), so
+corpora of different ``--seed`` values are samples of the same language pair.
 
-* a lexicon: every source content word has one target word (a few adverbs
-  translate to two target words, so lengths differ a little);
-* agreement: each noun has one of three classes; the target determiner
-  (definite or indefinite) and the target adjectives take a form that depends
-  on the class of their noun, while the source determiner does not show it;
-* local reordering: source ``DET ADJ* NOUN`` becomes target ``DET NOUN ADJ*``
-  (adjectives after the noun, in the same order);
-* long-distance reordering: main clauses are verb-second in the source
-  (``SUBJ VERB [ADV] [OBJ] [PP]``), subordinate clauses (``, COMP ...``) are
-  verb-final (``SUBJ [ADV] [OBJ] [PP] VERB``); the target is always
-  ``SUBJ [ADV] VERB [OBJ] [PP]``.
+    python scripts/synthetic.py --out data/synthetic --seed 1 [--binarize data/data-bin/synthetic]
 
-Word frequencies follow Zipf's law within each word class (weight 1/rank), the
-source vocabulary has about 3,000 types, and sentence lengths run from 3 to 60
-tokens, skewed towards short sentences (mean about 20, like TED talks).
-
-Everything comes from :class:`random.Random` with fixed seeds and no set or
-hash ordering, so the same seeds give byte-identical files on every Python.
-The lexicon has its own seed (``--lexicon-seed``), so corpora drawn with
-different ``--seed`` values are samples of the same language pair.
-
-Usage::
-
-    python scripts/synthetic.py --out data/synthetic --seed 1
-    python scripts/synthetic.py --out data/synthetic --seed 1 \
-        --binarize data/data-bin/synthetic
-
-The files are ``{train,valid,test}.{src,tgt}`` (plain, tokenized, lowercase,
-space-separated), which ``fairseq-preprocess --source-lang src --target-lang tgt``
-reads, plus ``lexicon.tsv`` for inspection.
+writes ``{train,valid,test}.{src,tgt}`` (tokenized, lowercase, for ``fairseq-preprocess
+--source-lang src --target-lang tgt``) and ``lexicon.tsv``.
 """
 import argparse
 import bisect
@@ -287,20 +268,6 @@ def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500,
     return counts
 
 
-def fairseq_preprocess_exe():
-    """fairseq-preprocess next to the running interpreter (a venv's bin/), else on PATH."""
-    here = Path(sys.executable).parent / "fairseq-preprocess"
-    if here.exists():
-        return str(here)
-    found = shutil.which("fairseq-preprocess")
-    if found:
-        return found
-    raise FileNotFoundError(
-        f"fairseq-preprocess is neither next to {sys.executable} nor on PATH; "
-        "run `make setup` (scripts/setup-env.sh) first"
-    )
-
-
 def binarize(out_dir, bin_dir, workers=1):
     """Binarize a corpus written by :func:`generate` into bin_dir (joined dictionary).
 
@@ -310,8 +277,10 @@ def binarize(out_dir, bin_dir, workers=1):
     out, dest = Path(out_dir), Path(bin_dir)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    from recipes import fairseq_exe  # next to the running python (a venv's bin/), else on PATH
+
     cmd = [
-        fairseq_preprocess_exe(), "--source-lang", "src", "--target-lang", "tgt",
+        fairseq_exe("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
         "--trainpref", str(out / "train"), "--validpref", str(out / "valid"),
         "--testpref", str(out / "test"), "--destdir", str(tmp),
         "--joined-dictionary", "--workers", str(workers),

@@ -23,11 +23,13 @@ import re
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
 
 import prepare_text as pt
+from conftest import kill_group, start_process
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -42,15 +44,40 @@ WORDS_EN = ("the size of the street is nice and we must talk about oil because "
             "houses trees earlier later go come see hear").split()
 
 
-def run(script, *args, env=None, timeout=120):
-    e = dict(os.environ)
-    e["PYTHON"] = sys.executable
-    e.pop("NORMPLUG_PREPARE_KILL_AT", None)
-    e.update(env or {})
+def run(script, *args, timeout=120):
     return subprocess.run(
         ["bash", str(SCRIPTS / script), "--workers", "1", *map(str, args)],
-        capture_output=True, text=True, env=e, timeout=timeout,
+        capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable), timeout=timeout,
     )
+
+
+def run_killed_in(step, script, *args, timeout=120):
+    """Start a prepare script in its own process group, SIGKILL the group as soon as it
+    reports ``step STEP: running`` (its step folder STEP.tmp exists by then), and return
+    what it wrote to stderr. Fails if the script never gets there."""
+    proc = start_process(["bash", SCRIPTS / script, "--workers", "1", *args],
+                         env={"PYTHON": sys.executable}, stdout=subprocess.DEVNULL)
+    timer = threading.Timer(timeout, kill_group, [proc])
+    timer.start()
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if f"step {step}: running" in line:
+                kill_group(proc)
+                break
+    finally:
+        timer.cancel()
+        kill_group(proc)
+        proc.stderr.close()
+    assert seen and f"step {step}: running" in seen[-1], "".join(seen)
+    return "".join(seen)
+
+
+def outputs(work):
+    """Every file the steps made (not the markers, the lock or the downloads): path -> bytes."""
+    return {str(p.relative_to(work)): p.read_bytes() for p in sorted(Path(work).rglob("*"))
+            if p.is_file() and p.parts[len(Path(work).parts)] not in (".state", ".lock", "archives")}
 
 
 def errors(r):
@@ -151,19 +178,24 @@ def test_lowercase_like_perl_lc():
     assert "ΟΔΥΣΣΕΑΣ".lower() == "οδυσσεας"
 
 
+def clean(src, tgt, *args, **kwargs):
+    kept = list(pt.clean_pairs(zip(src, tgt), *args, **kwargs))
+    return [f for f, _ in kept], [e for _, e in kept]
+
+
 def test_clean_corpus_like_clean_corpus_n_perl():
     # 81 words; ratio 9 (kept) and 10 (dropped); empty; a word of 1001 and of 1000 characters
     src = ["a  b\tc ", "x|y z", "one", "w " * 80 + "w", "k " * 8 + "k", "q " * 9 + "q", "", "y" * 1001 + " z",
            "y" * 1000 + " z", "\u00a0nb\u00a0sp\u00a0"]
     tgt = ["a b c", "x y z", "one two", "v", "k", "k", "e", "z z", "z z", "nb sp"]
-    out_src, out_tgt = pt.clean_corpus(src, tgt, 1, 80, ratio=9)
+    out_src, out_tgt = clean(src, tgt, 1, 80, ratio=9)
     # kept pairs, normalized: runs of (Unicode) whitespace -> one space, '|' dropped
     assert out_src == ["a b c", "xy z", "one", "k k k k k k k k k", "y" * 1000 + " z", "nb sp"]
     assert out_tgt == ["a b c", "x y z", "one two", "k", "z z", "nb sp"]
     # a '|' in the first pair marks a factored corpus: pipes stay
-    assert pt.clean_corpus(["a|b c"], ["a b"], 1, 80)[0] == ["a|b c"]
+    assert clean(["a|b c"], ["a b"], 1, 80)[0] == ["a|b c"]
     # -ratio 1.5: 3 vs 2 words is kept (3/2 is not over 1.5), 4 vs 2 is not
-    assert pt.clean_corpus(["a b c", "a b c d"], ["a b", "a b"], 1, 175, 1.5)[0] == ["a b c"]
+    assert clean(["a b c", "a b c d"], ["a b", "a b"], 1, 175, 1.5)[0] == ["a b c"]
 
 
 SGM = ('<srcset setid="newstest2014" srclang="any">\n'
@@ -199,7 +231,7 @@ def test_iwslt_xml_like_fairseq_grep_sed():
     (gzip.compress(b"x"), "text", False, "gzip"),
     ("Đây là một câu .\n".encode(), "text", True, ""),
     ("Đây là một câu .\n".encode()[:-3] + b"\xff\n", "text", False, "not UTF-8"),
-    (b'<?xml version="1.0"?>\n<mteval>', "xml", True, ""),
+    (b'<?xml version="1.0"?>\n<mteval>', "text", False, "is an XML file, not a plain text file"),
 ])
 def test_check_kind(tmp_path, content, kind, ok, says):
     f = tmp_path / "f"
@@ -486,22 +518,23 @@ def test_bad_options(tmp_path, args, says):
 
 @pytest.mark.slow
 def test_iwslt14_killed_mid_step_then_rerun(tmp_path, iwslt14_archive):
-    pairs = iwslt14_corpus()
-    work = tmp_path / "work"
-    args = ("--archive", iwslt14_archive, "--work", work, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
-    r = run("prepare-iwslt14.sh", *args, env={"NORMPLUG_PREPARE_KILL_AT": "split"})
-    assert r.returncode in (-9, 137), (r.returncode, r.stderr)
-    assert "killing this run inside step split" in r.stderr
-    # the killed step left its half output in split.tmp but is not marked done
+    """SIGKILL inside a step, twice: no step is marked done with partial output, and the
+    re-run's output is byte-identical to that of a run never interrupted."""
+    args = ("--archive", iwslt14_archive, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
+    whole, work = tmp_path / "whole", tmp_path / "work"
+    assert run("prepare-iwslt14.sh", *args, "--work", whole).returncode == 0
+    run_killed_in("split", "prepare-iwslt14.sh", *args, "--work", work)
     assert markers(work) == ["extract", "fetch", "text", "tok"]
-    assert (work / "split.tmp").exists() and not (work / "split").exists()
-    r2 = run("prepare-iwslt14.sh", *args)
-    assert r2.returncode == 0, r2.stderr
-    assert "step tok: done before, skipping" in r2.stderr
-    assert "step split: running" in r2.stderr
-    assert not (work / "split.tmp").exists()
-    check_iwslt14_split(work, pairs)
-    assert markers(work) == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe"))
+    assert (work / "split.tmp").is_dir() and not (work / "split").exists()
+    err = run_killed_in("bpe", "prepare-iwslt14.sh", *args, "--work", work)
+    assert "step tok: done before, skipping" in err and "step split: running" in err
+    assert markers(work) == ["bpe-learn", "extract", "fetch", "split", "text", "tok"]
+    r = run("prepare-iwslt14.sh", *args, "--work", work)
+    assert r.returncode == 0, r.stderr
+    assert "step bpe-learn: done before, skipping" in r.stderr and "step bpe: running" in r.stderr
+    assert not list(work.glob("*.tmp"))
+    assert markers(work) == markers(whole)
+    assert outputs(work) == outputs(whole)
 
 
 @pytest.mark.slow
@@ -582,9 +615,8 @@ def test_iwslt14_unreachable_url(tmp_path):
 def test_iwslt14_file_url_download(tmp_path, iwslt14_archive):
     """A file:// URL goes through the download path (curl) and is then verified."""
     work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--url", f"file://{iwslt14_archive}", "--work", work,
-            "--no-binarize", env={"NORMPLUG_PREPARE_KILL_AT": "text"})
-    assert "killing this run inside step text" in r.stderr, r.stderr
+    run_killed_in("text", "prepare-iwslt14.sh", "--url", f"file://{iwslt14_archive}", "--work", work,
+                  "--no-binarize")
     assert (work / "archives" / "de-en.tgz").read_bytes() == Path(iwslt14_archive).read_bytes()
     assert markers(work) == ["extract", "fetch"]
 
@@ -677,10 +709,10 @@ def test_wmt16_checks(tmp_path, wmt16_sources):
     err = errors(r)
     assert r.returncode != 0 and len(err) == 1 and "f6c3818b477e4a25cad68b61cc883c17" in err[0], r.stderr
     # with --skip-size-check the sizes are reported, not enforced
-    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", tmp_path / "w2",
-            "--no-binarize", "--skip-size-check", env={"NORMPLUG_PREPARE_KILL_AT": "bpe-learn"})
-    assert "train has 125 pairs, published 4400000-4600000" in r.stderr
-    assert "valid has 14 pairs, published 3000" in r.stderr and "test has 13 pairs, published 3003" in r.stderr
+    err = run_killed_in("bpe-learn", "prepare-wmt16.sh", "--archive", src, "--sha256-file", sums,
+                        "--work", tmp_path / "w2", "--no-binarize", "--skip-size-check")
+    assert "train has 125 pairs, published 4400000-4600000" in err
+    assert "valid has 14 pairs, published 3000" in err and "test has 13 pairs, published 3003" in err
 
 
 def wmt_pairs(tag, n):

@@ -1,12 +1,15 @@
 """scripts/reproduce.sh: end to end on the tiny corpus (two tiny configs, a handful of
 updates each, one averaging epoch and one update checkpoints), a finished run reused,
-and the table of every row -- run, shortened, not run, failed, stale -- with --table-only."""
-import pytest
+and the table of every row -- run, shortened, not run, failed, stale, on several GPUs --
+with --table-only."""
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
+
+import pytest
 
 from conftest import REPO
 
@@ -105,7 +108,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
     assert [r["config"] for r in rows] == ["tiny-ln", "tiny-rbn"]
     for r in rows:
         assert r["status"] == "shortened (extra args: --max-epoch 2)"
-        assert 0 <= float(r["tokenized_bleu"]) <= 100 and 0 <= float(r["sacrebleu"]) <= 100
+        assert 0 <= float(r["ours"]) <= 100 and 0 <= float(r["sacrebleu"]) <= 100
         assert r["sacrebleu_signature"].startswith("nrefs:1|")
         assert r["sacrebleu_references"] == ("cased references of the binarized test set, "
                                              "sacremoses-detokenized")
@@ -118,7 +121,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
     assert averaged == [p.name for p in kept] and len(kept) == 2  # keep-interval-updates 2
     assert not list((out / "tiny-rbn").glob("checkpoint[0-9]*.pt"))  # no epoch checkpoints
     assert rows[0]["published"] == "1.5"
-    assert float(rows[0]["delta"]) == round(float(rows[0]["tokenized_bleu"]) - 1.5, 2)
+    assert float(rows[0]["delta"]) == round(float(rows[0]["ours"]) - 1.5, 2)
     assert rows[1]["published"] == "" and rows[1]["delta"] == ""
     assert md[0] == ("| config | dataset | setting | norm | published | ours | Δ | sacreBLEU "
                      "| decoded | status |")
@@ -134,8 +137,12 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
         run = out / name
         scores = json.loads((run / f"scores-{name}.json").read_text())
         assert scores["sentences"] == 24
-        # fairseq-generate's own scorer agrees with ours (same tokens, same BLEU)
-        assert abs(scores["fairseq_generate_bleu"] - scores["tokenized_bleu"]) < 0.01
+        # fairseq-generate's own scorer (its last line) agrees with ours: same tokens, same BLEU
+        generated = (run / f"generate-{name}.txt").read_text()
+        assert float(re.search(r"BLEU4 = ([\d.]+)", generated)[1]) == pytest.approx(scores["tokenized_bleu"], abs=0.01)
+        assert scores["tokenized_bleu"] == float(rows[0 if name == "tiny-ln" else 1]["ours"])  # the table shows it
+        record = json.loads((run / "normplug-run.json").read_text())
+        assert (record["rc"], record["gpus"], record["bn_sync_stats"]) == (0, 0, False)  # the CPU
         log = (run / "train.log").read_text()
         assert "--max-epoch 2" in log or "max_epoch': 2" in log or "max_epoch=2" in log
     assert (out / "tiny-ln" / "checkpoint2.pt").exists() and not (out / "tiny-ln" / "checkpoint3.pt").exists()
@@ -155,7 +162,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
     assert [(r["config"], r["status"]) for r in rows] == [
         ("tiny-ln", "shortened (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
         ("tiny-rbn", "shortened (extra args: --max-epoch 2)")]
-    assert rows[1]["tokenized_bleu"] == "" and rows[1]["published"] == "2.0"
+    assert rows[1]["ours"] == "" and rows[1]["published"] == "2.0"
     assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | 2.0 | — | — | — | "
                      "average of the last 2 epoch checkpoints | not run |")
     assert not (out / "tiny-never").exists()
@@ -179,12 +186,12 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
     """--table-only reads scores and run records: full, shortened, stale, failed, not run."""
     import recipes
 
-    names = ["full", "short", "stale", "failed", "never", "unrecorded"]
+    names = ["full", "short", "stale", "failed", "never", "unrecorded", "gpus", "synced"]
     configs = {n: write_config(tmp_path, n, "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data)
                for n in names}
     out = tmp_path / "out"
     for name, extra in (("full", []), ("short", ["--max-update", "9"]), ("stale", []),
-                        ("failed", []), ("unrecorded", None)):
+                        ("failed", []), ("unrecorded", None), ("gpus", []), ("synced", ["--max-update", "9"])):
         run = out / name
         run.mkdir(parents=True)
         (run / f"scores-{name}.json").write_text(json.dumps({
@@ -198,7 +205,8 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
         if name == "stale":
             flags["lr"] = ["0.5"]  # the config changed after the run
         (run / recipes.RUN_RECORD).write_text(json.dumps(
-            {"flags": flags, "extra": extra, "rc": 1 if name == "failed" else 0, "seconds": 3.0}))
+            {"flags": flags, "extra": extra, "rc": 1 if name == "failed" else 0, "seconds": 3.0,
+             "gpus": {"gpus": 4, "synced": 2}.get(name, 1), "bn_sync_stats": name == "synced"}))
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "recipes.py"), "reproduce",
                            "--table-only", *map(str, configs.values()), "--out", str(out)],
                           capture_output=True, text=True, timeout=120,
@@ -208,9 +216,11 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
     assert {r["config"]: r["status"] for r in rows} == {
         "full": "full", "short": "shortened (extra args: --max-update 9)",
         "stale": "stale: the config changed after this run", "failed": "failed: fairseq-train exited 1",
-        "never": "not run", "unrecorded": "full (training not recorded)"}
+        "never": "not run", "unrecorded": "full (training not recorded)",
+        "gpus": "full, 4 GPUs, BN stats per GPU",
+        "synced": "shortened (extra args: --max-update 9), 2 GPUs, BN stats synced"}
     full = rows[0]
-    assert (full["tokenized_bleu"], full["delta"], full["sacrebleu"], full["train_seconds"]) == \
+    assert (full["ours"], full["delta"], full["sacrebleu"], full["train_seconds"]) == \
         ("1.25", "0.25", "1.5", "3.0")
     assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | 1.0 | 1.25 | 0.25 | 1.50 | "
                      "average of the last 2 epoch checkpoints | full |")
