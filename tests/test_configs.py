@@ -252,6 +252,7 @@ def _parse(argv):
 SHAPES = {  # arch prefix -> (embed, ffn, heads, layers)
     "transformer_iwslt_de_en_": (512, 1024, 4, 6),
     "transformer_wmt_en_de_": (512, 2048, 8, 6),
+    "transformer_vaswani_wmt_en_de_big_": (1024, 4096, 16, 6),
 }
 
 
