@@ -227,6 +227,7 @@ _T = {
     "lower_start": regex.compile(r"[\p{Lowercase}]"),
     "digit_start": regex.compile("[0-9]+"),
     "dot_quote": regex.compile(r"\.' ?$"),
+    "hyphen": regex.compile(f"([{_ALNUM}])\\-(?=[{_ALNUM}])"),
 }
 _ESCAPES = (("&", "&amp;"), ("|", "&#124;"), ("<", "&lt;"), (">", "&gt;"), ("'", "&apos;"),
             ('"', "&quot;"), ("[", "&#91;"), ("]", "&#93;"))
@@ -263,14 +264,15 @@ def _nonbreaking_prefixes(lang, moses):
 
 
 class MosesTokenizer:
-    """tokenizer.perl -l LANG (escaping on), one line at a time."""
+    """tokenizer.perl -l LANG (escaping on), one line at a time; ``aggressive``: -a."""
 
-    def __init__(self, lang, moses="current"):
+    def __init__(self, lang, moses="current", aggressive=False):
         if lang in ("fi", "sv", "ca", "tdt", "fr", "it", "ga", "so"):
             raise PrepareError(f"tokenize: language '{lang}' has rules this port does not carry")
         if moses not in MOSES_VERSIONS:
             raise PrepareError(f"tokenize: --moses must be one of {MOSES_VERSIONS}")
         self.lang = lang
+        self.aggressive = aggressive
         self.final_dot = moses == "current"
         self.prefixes = _nonbreaking_prefixes(lang, moses)
 
@@ -284,6 +286,8 @@ class MosesTokenizer:
         text = text[1:] if text.startswith(" ") else text
         text = text[:-1] if text.endswith(" ") else text
         text = t["special"].sub(r" \1 ", text)
+        if self.aggressive:  # -a: "aggressive hyphen splitting", a-b -> a @-@ b
+            text = t["hyphen"].sub(r"\1 @-@ ", text)
         text = t["multidot"].sub(r" DOTMULTI\1", text)
         while "DOTMULTI." in text:
             text = t["multidot2"].sub(r"DOTDOTMULTI \1", text)
@@ -365,6 +369,118 @@ def tokenize_lines(lines, lang, moses="current", workers=WORKERS, chunk=2000):
     """An iterator of the tokenized ``lines`` (any iterable)."""
     MosesTokenizer(lang, moses)  # fail early on a bad language
     return _parallel(_tokenize_chunk, ((lang, moses, c) for c in chunks(lines, chunk)), workers)
+
+
+# --- mosesdecoder scripts/tokenizer/normalize-punctuation.perl --------------------------
+#
+# The perl script has no `use utf8` and no binmode: it rewrites the UTF-8 *bytes* of each
+# line, newline included (it reads with <STDIN> and never chomps). So the port works on
+# bytes with bytes regexes: \d is [0-9], \s is ASCII whitespace, [a-z] with /i is ASCII,
+# [^<] is one byte and matches the newline (a closing quote after a final dot moves before
+# it, unless the line is a file's last and has no newline). Rules in the script's order
+# (mosesdecoder HEAD; before f6d7adde1, 2019-11-25, ‘ and ‚ became " instead of ').
+
+def _np_rules(lang):
+    u = lambda c: c.encode("utf-8")
+    nb = u("\u00a0")
+    rules = [
+        (rb"\r", b""),
+        (rb"\(", b" ("), (rb"\)", b") "), (rb" +", b" "),
+        (rb"\) ([\.\!\:\?\;\,])", rb")\1"),
+        (rb"\( ", b"("), (rb" \)", b")"),
+        (rb"(\d) \%", rb"\1%"), (rb" :", b":"), (rb" ;", b";"),
+        (rb"`", b"'"), (rb"''", b' " '),                      # not -penn
+        (u("„"), b'"'), (u("“"), b'"'), (u("”"), b'"'), (u("–"), b"-"),
+        (u("—"), b" - "), (rb" +", b" "),
+        (u("´"), b"'"),
+        (rb"([a-z])" + u("‘") + rb"([a-z])", rb"\1'\2", True),
+        (rb"([a-z])" + u("’") + rb"([a-z])", rb"\1'\2", True),
+        (u("‘"), b"'"), (u("‚"), b"'"),
+        (u("’"), b'"'), (rb"''", b'"'), (u("´´"), b'"'), (u("…"), b"..."),
+        (nb + u("«") + nb, b' "'), (u("«") + nb, b'"'), (u("«"), b'"'),
+        (nb + u("»") + nb, b'" '), (nb + u("»"), b'"'), (u("»"), b'"'),
+        (nb + rb"\%", b"%"), (rb"n" + u("º") + nb, b"n" + u("º") + b" "), (nb + rb":", b":"),
+        (nb + u("º") + b"C", b" " + u("º") + b"C"), (nb + b"cm", b" cm"), (nb + rb"\?", b"?"),
+        (nb + rb"\!", b"!"), (nb + rb";", b";"), (rb"," + nb, b", "), (rb" +", b" "),
+    ]
+    if lang == "en":
+        rules.append((rb'"([,\.]+)', rb'\1"'))
+    elif lang not in ("cs", "cz"):
+        rules += [(rb',"', b'",'), (rb'(\.+)"(\s*[^<])', rb'"\1\2')]
+    sep = b"," if lang in ("de", "es", "cz", "cs", "fr") else b"."
+    rules.append((rb"(\d)" + nb + rb"(\d)", rb"\1" + sep + rb"\2"))
+    out = []
+    for rule in rules:
+        pat, rep = rule[0], rule[1]
+        flags = re.I if len(rule) > 2 else 0
+        out.append((re.compile(pat, flags), rep))
+    return out
+
+
+class PunctNormalizer:
+    """normalize-punctuation.perl LANG on one line given with its newline (or without, for a
+    last line that has none); returns the line as the script prints it."""
+
+    def __init__(self, lang):
+        self.rules = _np_rules(lang)
+
+    def __call__(self, line):
+        b = line.encode("utf-8")
+        for pat, rep in self.rules:
+            b = pat.sub(rep, b)
+        return b.decode("utf-8")
+
+
+# remove-non-printing-char.perl: chomp, every \p{C} (control, format, private use,
+# surrogate, unassigned) -> one space, print with "\n". Perl 5.36 knows Unicode 14; the
+# `regex` module's table may be newer, so a code point assigned after Unicode 14 (none in
+# the WMT corpora of 2013-2017) would stay here where perl makes it a space.
+_NON_PRINTING = regex.compile(r"\p{C}")
+
+
+def remove_non_printing(line):
+    if line.endswith("\n"):
+        line = line[:-1]
+    return _NON_PRINTING.sub(" ", line)
+
+
+def _moses_chunk(args):
+    lang, moses, aggressive, norm, rem, lines, last_has_nl = args
+    key = (lang, moses, aggressive)
+    tok = _TOK.get(key)
+    if tok is None:
+        tok = _TOK[key] = MosesTokenizer(lang, moses, aggressive)
+    normalize = PunctNormalizer(lang) if norm else None
+    out = []
+    for i, line in enumerate(lines):
+        if normalize is not None:
+            nl = "\n" if (i < len(lines) - 1 or last_has_nl) else ""
+            line = normalize(line + nl)
+        if rem:
+            line = remove_non_printing(line)
+        elif line.endswith("\n"):
+            line = line[:-1]
+        out.append(tok(line))
+    return out
+
+
+def moses_pipeline(path, lang, moses="current", aggressive=False, norm=False, rem=False,
+                   workers=WORKERS, chunk=2000):
+    """`cat PATH | [normalize-punctuation.perl LANG |] [remove-non-printing-char.perl |]
+    tokenizer.perl [-a] -l LANG`: an iterator of the output lines. Whether the file's last
+    line has a newline matters to normalize-punctuation.perl (see above), so files are
+    processed one at a time, as fairseq's prepare-wmt14en2de.sh does."""
+    MosesTokenizer(lang, moses, aggressive)  # fail early on a bad language
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size:
+            f.seek(-1, os.SEEK_END)
+        last_has_nl = not size or f.read(1) == b"\n"
+    parts = list(chunks(iter_lines(path), chunk))
+    jobs = ((lang, moses, aggressive, norm, rem, c, (k < len(parts) - 1) or last_has_nl)
+            for k, c in enumerate(parts))
+    return _parallel(_moses_chunk, jobs, workers)
 
 
 # --- mosesdecoder scripts/training/clean-corpus-n.perl ----------------------------------
@@ -590,6 +706,15 @@ def _map(a, convert):
         write_lines(out, convert(iter_lines(a.inp)))
 
 
+def _tokenize(a):
+    for a.inp, out in _pairs(a):
+        if a.aggressive or a.normalize_punctuation or a.remove_non_printing:
+            write_lines(out, moses_pipeline(a.inp, a.lang, a.moses, a.aggressive,
+                                            a.normalize_punctuation, a.remove_non_printing))
+        else:
+            write_lines(out, tokenize_lines(iter_lines(a.inp), a.lang, a.moses))
+
+
 def _sanitize(lines, name):
     lines = list(lines)
     fixed = [x.translate(_BREAKS) for x in lines]
@@ -669,9 +794,13 @@ COMMANDS = {
     "iwslt-xml": ("fairseq prepare-iwslt14.sh on the *.xml test sets", [("out", {}), ("xml", dict(nargs="+"))],
                   _iwslt_xml),
     "sgm-text": ("mosesdecoder input-from-sgm.perl", [("inp", {}), ("out", {})], _sgm_text),
-    "tokenize": ("mosesdecoder tokenizer.perl -l LANG",
+    "tokenize": ("mosesdecoder tokenizer.perl [-a] -l LANG, optionally after normalize-punctuation.perl LANG "
+                 "| remove-non-printing-char.perl (fairseq's prepare-wmt14en2de.sh), file by file",
                  [("--lang", dict(required=True)), ("--moses", dict(default="current", choices=MOSES_VERSIONS)),
-                  PAIRS], lambda a: _map(a, lambda lines: tokenize_lines(lines, a.lang, a.moses))),
+                  ("-a", dict(dest="aggressive", action="store_true", help="tokenizer.perl -a")),
+                  ("--normalize-punctuation", dict(action="store_true", help="first normalize-punctuation.perl LANG")),
+                  ("--remove-non-printing", dict(action="store_true", help="then remove-non-printing-char.perl")),
+                  PAIRS], _tokenize),
     "clean-corpus": ("mosesdecoder clean-corpus-n.perl",
                      [("src", {}), ("tgt", {}), ("out_src", {}), ("out_tgt", {}),
                       ("--min", dict(type=int, required=True)), ("--max", dict(type=int, required=True)),

@@ -50,6 +50,8 @@ PUBLISHED = {
     ("IWSLT15 En-Vi", "Pre-Norm", "AdaNorm"): 31.4,
     ("IWSLT14 De-En", "Pre-Norm", "LN", "shen"): 35.5,
     ("IWSLT14 De-En", "Pre-Norm", "PowerNorm"): 35.9,
+    ("WMT14 En-De", "Pre-Norm", "LN"): 29.5,
+    ("WMT14 En-De", "Pre-Norm", "PowerNorm"): 30.1,
 }
 
 
@@ -64,6 +66,8 @@ def test_every_published_row_has_exactly_one_config():
     rows = {}
     for path in CONFIGS:
         r = _recipe(path)
+        if r.published is None:  # a released run without a figure in our sources (notes say why)
+            continue
         key = _row_key(r)
         assert key not in rows, f"{path.name} and {rows[key]} are the same row {key}"
         rows[key] = path.name
@@ -101,7 +105,8 @@ def test_notes_cite_the_release_and_the_published_number(path):
     assert released or first.startswith("No script was released"), first
     assert re.search(r"\.sh|README\.md", first), "the note names the script's path"
     published = [n for n in r.notes if n.startswith("Published: ")]
-    assert len(published) == 1 and published[0].startswith(f"Published: {r.published}")
+    assert len(published) == 1 and published[0].startswith(
+        f"Published: {r.published}" if r.published is not None else "Published: none")
     if released:  # what still differs from the script, item by item
         assert any(n.startswith("Differs") for n in r.notes)
 
@@ -115,6 +120,7 @@ DATA_OF = {
     "IWSLT14 De-En": ("prepare-iwslt14.sh", "de", "en"),
     "WMT16 En-De": ("prepare-wmt16.sh", "en", "de"),
     "IWSLT15 En-Vi": ("prepare-iwslt15-envi.sh", "en", "vi"),
+    "WMT14 En-De": ("prepare-wmt14.sh", "en", "de"),
 }
 
 
@@ -212,8 +218,12 @@ def tiny_task(tiny_data):
 TINY_EXTRA = [*TINY_MODEL, "--source-lang", "src", "--target-lang", "tgt"]
 # the norm a published row is about (the model may use LayerNorm elsewhere)
 ROW_NORM = {"LN": "layer", "LN-simple": "layer_simple", "DetachNorm": "detach", "AdaNorm": "adanorm",
-            "no norm": "identity", "BN": "batch", "RBN": "batch", "BN, test-time batch stats": "batch",
-            "PowerNorm": "power"}
+            "no norm": "identity", "BN": "batch", "RBN": "batch", "PowerNorm": "power"}
+
+
+def _row_norm(r):
+    """The norm a row is about: 'RBN, mean penalty only' -> 'RBN', 'AdaNorm (C = 2)' -> 'AdaNorm'."""
+    return re.split(r"[,(]", r.norm)[0].strip()
 
 
 @pytest.mark.parametrize("path", ALL, ids=_id)
@@ -238,9 +248,9 @@ def test_dry_run_builds_and_runs_model_and_criterion(path, tiny_task, tiny_data,
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     if path in CONFIGS:  # a published row with batch statistics logs each such layer's TID
         assert {k for k in logs if k.startswith("tid_var/")} == {f"tid_var/{s}" for s in model.batch_stat_norms()}
-    if "rbn_penalty" in logs or r.norm == "RBN":
-        assert (logs["rbn_penalty"] > 0) == (r.norm == "RBN")
-    assert ROW_NORM[r.norm] in {m.norm_name for m in model.modules() if hasattr(m, "norm_name")}
+    if "rbn_penalty" in logs or _row_norm(r) == "RBN":
+        assert (logs["rbn_penalty"] > 0) == (_row_norm(r) == "RBN")
+    assert ROW_NORM[_row_norm(r)] in {m.norm_name for m in model.modules() if hasattr(m, "norm_name")}
     overrides = r.evaluate["model_overrides"] or {}
     for key, value in overrides.items():
         setattr(args, key, value)

@@ -10,7 +10,7 @@ from conftest import TINY_MODEL, USER_DIR
 from fairseq import options, tasks, utils
 
 import normplug  # noqa: F401  (registers the plugin)
-from normplug.models.architectures import ARCHITECTURES, KINDS
+from normplug.models.architectures import ARCHITECTURES, KINDS, SHAPES
 from normplug.models.norm_transformer import NormTransformerModel, site_name
 from normplug.norms import BatchStatNorm, norm_names
 
@@ -46,7 +46,7 @@ def make_batch(task, lengths_src, lengths_tgt, seed=0):
 
 
 def test_every_architecture_builds_and_trains_one_step(tiny_data):
-    assert len(ARCHITECTURES) == 2 * 2 * len(KINDS)
+    assert len(ARCHITECTURES) == len(SHAPES) * 2 * len(KINDS)
     for arch in sorted(ARCHITECTURES):
         task, model, _ = build(tiny_data, arch)
         model.train()
@@ -301,3 +301,29 @@ def test_compile_norms_keeps_state_names_and_matches_eager(tiny_data):
         for a, b in zip(*out):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(compiled.state_dict(), eager.state_dict(), rtol=1e-4, atol=1e-5)
+
+
+def _full_size_args(data, arch, *extra):
+    """fairseq's argument parsing and architecture function alone, at full size (no model)."""
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, [str(data), "--user-dir", USER_DIR, "--arch", arch, "--cpu", *extra])
+
+
+@pytest.mark.parametrize("kind", ["ln", "pn"])
+def test_big_prenorm_architecture_is_fairseqs_t2t_big_shape(tiny_data, kind):
+    """transformer_vaswani_wmt_en_de_big_<kind>_prenorm with attention/activation dropout 0.1
+    is fairseq's transformer_wmt_en_de_big_t2t (Shen et al.'s WMT14 model), norms aside."""
+    ours = _full_size_args(tiny_data, f"transformer_vaswani_wmt_en_de_big_{kind}_prenorm",
+                           "--attention-dropout", "0.1", "--activation-dropout", "0.1")
+    stock = _full_size_args(tiny_data, "transformer_wmt_en_de_big_t2t")
+    for key in ("encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads", "encoder_layers",
+                "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads", "decoder_layers",
+                "dropout", "attention_dropout", "activation_dropout",
+                "encoder_normalize_before", "decoder_normalize_before"):
+        assert getattr(ours, key) == getattr(stock, key), key
+    assert ours.encoder_embed_dim == 1024 and ours.encoder_normalize_before is True
+    # the big Post-Norm twin keeps fairseq's big defaults (no final norms, no attention dropout)
+    post = _full_size_args(tiny_data, f"transformer_vaswani_wmt_en_de_big_{kind}")
+    big = _full_size_args(tiny_data, "transformer_vaswani_wmt_en_de_big")
+    assert (post.encoder_normalize_before, post.attention_dropout, post.dropout) == \
+        (big.encoder_normalize_before, big.attention_dropout, big.dropout) == (False, 0.0, 0.3)

@@ -838,3 +838,78 @@ def test_iwslt15_envi_published_sizes_pass(tmp_path):
             "--no-binarize")
     assert r.returncode == 0, r.stderr
     assert "sizes match the published ones: train 133317,valid 1553,test 1268" in r.stderr
+
+
+# --- WMT14 (Shen et al.'s release): the golden test -----------------------------------
+
+WMT14_GOLDEN = REPO / "tests" / "fixtures" / "wmt14-golden"
+WMT14_SOURCES = ("training-parallel-europarl-v7.tgz", "training-parallel-commoncrawl.tgz",
+                 "training-parallel-nc-v12.tgz", "dev.tgz", "test-full.tgz")
+
+
+@pytest.fixture(scope="module")
+def wmt14_sources(tmp_path_factory):
+    """The five upstream archives, small, in their real layouts (the fixture's raw/
+    folders), and a sha256sum list of them."""
+    folder = tmp_path_factory.mktemp("wmt14") / "raw"
+    folder.mkdir()
+    for name in WMT14_SOURCES:
+        folder_tgz(folder / name, WMT14_GOLDEN / "raw" / name)
+    sums = folder.parent / "SHA256SUMS"
+    sums.write_text("".join(f"{sha(folder / n)}  {n}\n" for n in WMT14_SOURCES))
+    # the very bytes the release's script was run on (tests/fixtures/wmt14-golden/README.md)
+    assert sha(folder / "training-parallel-europarl-v7.tgz") == "fa8c8fb635dc48512b72935bee1abf92b8fef5a33a7105432c25399c81fb6b06"
+    assert sha(folder / "test-full.tgz") == "95951802a402317cb577c063238b02ae6156fbf67707065b69afe7b443fb8a27"
+    return folder, sums
+
+
+@pytest.mark.slow
+def test_wmt14_golden_powernorm_script(tmp_path, wmt14_sources):
+    """Byte-identical to the release's prepare-wmt14en2de.sh (BPE_TOKENS=300) at every stage."""
+    src, sums = wmt14_sources
+    work = tmp_path / "work"
+    r = run("prepare-wmt14.sh", "--archive", src, "--sha256-file", sums, "--work", work, "--bpe-size", 300,
+            "--no-binarize", "--skip-size-check")
+    assert r.returncode == 0, r.stderr
+    exp = WMT14_GOLDEN / "expected"
+    for lang in ("en", "de"):
+        for ours, theirs in ((work / "tok" / f"train.{lang}", f"tmp/train.tags.en-de.tok.{lang}"),  # before cleaning
+                             (work / "clean" / f"train.{lang}", f"tmp/train.{lang}"),  # clean-corpus-n.perl 1 80
+                             (work / "tok" / f"valid.{lang}", f"tmp/valid.{lang}"),
+                             (work / "tok" / f"test.{lang}", f"tmp/test.{lang}"),
+                             (work / "bpe" / f"train.{lang}", f"train.{lang}"),
+                             (work / "bpe" / f"valid.{lang}", f"valid.{lang}"),
+                             (work / "bpe" / f"test.{lang}", f"test.{lang}")):
+            assert ours.read_bytes() == (exp / theirs).read_bytes(), theirs
+    assert (work / "bpe-learn" / "code").read_bytes() == (exp / "code").read_bytes()
+    assert "clean-corpus: kept 108 of 115 pairs" in r.stderr
+    # the sizes are reported against the published ones, with both figures
+    assert "train has 108 pairs, published 4400000-4600000" in r.stderr
+    assert "valid has 13 pairs, published 3000" in r.stderr and "test has 11 pairs, published 3003" in r.stderr
+
+
+def test_wmt14_normalize_punctuation_is_bytewise_and_sees_the_newline():
+    """normalize-punctuation.perl rewrites bytes, newline included: values from the perl
+    script at mosesdecoder HEAD (see tests/fixtures/wmt14-golden/README.md)."""
+    de = pt.PunctNormalizer("de")
+    assert de("Er sagte: „gut.“\n") == 'Er sagte: "gut".\n'  # [^<] matches the newline
+    assert de("Er sagte: „gut.“") == 'Er sagte: "gut."'  # a last line without one
+    assert de("1\u00a0000 ( a ) , ‚x‘ ’y’ –—\r\n") == "1,000 (a), 'x' \"y\" - - \n"
+    assert pt.PunctNormalizer("en")("1\u00a0000 “q”, «\u00a0r\u00a0»\n") == '1.000 "q," "r"\n'
+    assert pt.remove_non_printing("a\u00adb\u200bc\td\ufeffe\ue000\n") == "a b c d e "
+    assert pt.MosesTokenizer("de", aggressive=True)("Hals-Nasen-Ohren-Arzt, 3-4, x--y, -a b-") == \
+        "Hals @-@ Nasen @-@ Ohren @-@ Arzt , 3 @-@ 4 , x--y , -a b-"
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--archive", "FILE"], "--archive must be a folder holding the five upstream files"),
+    (["--sha256", "0" * 64], "--sha256-file"),
+    (["--bpe", "none"], "subword vocabulary"),
+])
+def test_wmt14_bad_options(tmp_path, args, says):
+    f = tmp_path / "x.tgz"
+    f.write_bytes(b"x")
+    r = run("prepare-wmt14.sh", *[str(f) if a == "FILE" else a for a in args], "--work", tmp_path / "w", "--no-binarize")
+    err = errors(r)
+    assert r.returncode != 0 and len(err) == 1 and says in err[0], r.stderr
+    assert not (tmp_path / "w").exists()  # nothing written

@@ -1,5 +1,8 @@
-"""Named architectures: ``transformer_{iwslt_de_en,wmt_en_de}_{kind}[_prenorm]``, Post-Norm
-and Pre-Norm, on fairseq's IWSLT and WMT base shapes.
+"""Named architectures: ``transformer_{iwslt_de_en,wmt_en_de,vaswani_wmt_en_de_big}_{kind}[_prenorm]``,
+Post-Norm and Pre-Norm, on fairseq's IWSLT and WMT base shapes and the big WMT model
+(1024/4096/16 heads/6+6, dropout 0.3: fairseq's ``transformer_vaswani_wmt_en_de_big``;
+with ``_prenorm`` and ``--attention-dropout 0.1 --activation-dropout 0.1`` it is
+``transformer_wmt_en_de_big_t2t``, the model of Shen et al.'s WMT14 runs).
 
 * ``ln``, ``lnsimple``, ``detach``, ``adanorm``, ``rms``, ``scale``, ``nonorm``: that norm at
   every site, as Xu et al. describe replacing LayerNorm (their release swaps only the
@@ -18,6 +21,7 @@ from fairseq.models import register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
     transformer_wmt_en_de,
 )
 
@@ -40,7 +44,8 @@ KINDS = {
                      "power_final_warmup": 1000}),
 }
 
-SHAPES = {"transformer_iwslt_de_en": transformer_iwslt_de_en, "transformer_wmt_en_de": transformer_wmt_en_de}
+SHAPES = {"transformer_iwslt_de_en": transformer_iwslt_de_en, "transformer_wmt_en_de": transformer_wmt_en_de,
+          "transformer_vaswani_wmt_en_de_big": transformer_vaswani_wmt_en_de_big}
 
 
 def _make_architecture(shape_fn, every_site, defaults, prenorm):
