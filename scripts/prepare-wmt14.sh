@@ -30,8 +30,6 @@
 #   --url URL           a mirror holding the five files under their names (env
 #                       WMT14_URL); default: their release URLs (below)
 #   --sha256-file FILE  expected checksums in sha256sum format, by file name
-#   --bpe TYPE          subword-nmt (default), or sentencepiece (learned on the
-#                       tokenized, cleaned text; --bpe-size is then the vocabulary)
 #   --bpe-size N        subword-nmt merges (default 32764, as released)
 #   --skip-size-check   go on when the sizes differ from the published ones (below)
 #   --work DIR          working folder (default data/wmt14)
@@ -157,7 +155,7 @@ fi
 if [ -n "$PL_SHA256" ]; then
     pl_die "--sha256 checks one archive; for the five upstream files use --sha256-file FILE"
 fi
-if [ "$PL_BPE" = none ]; then pl_die "--bpe none: WMT14 is used with a subword vocabulary (subword-nmt or sentencepiece)"; fi
+if [ "$PL_BPE" = none ]; then pl_die "--bpe none: WMT14 is used with a subword vocabulary (subword-nmt)"; fi
 EXTRA='{"recipe": "sIncerass/powernorm trans-scripts/data-preprocessing/prepare-wmt14en2de.sh (fairseq v0.6.0 prepare-wmt14en2de.sh --scaling18)", "tokenizer": "moses normalize-punctuation.perl, remove-non-printing-char.perl, tokenizer.perl -a (mosesdecoder HEAD 34452895f)"}'
 
 pl_begin

@@ -162,7 +162,7 @@ fi
 if [ "$MODE" = google ] && [ "$PL_BPE" = subword-nmt ] && [ "$PL_BPE_SIZE" != 32000 ]; then
     pl_die "Google's archive holds a BPE of 32000 merges, not --bpe-size $PL_BPE_SIZE; learn another from the raw corpora (--archive DIR or the default download)"
 fi
-if [ "$PL_BPE" = none ]; then pl_die "--bpe none: WMT16 is used with a subword vocabulary (subword-nmt or sentencepiece)"; fi
+if [ "$PL_BPE" = none ]; then pl_die "--bpe none: WMT16 is used with a subword vocabulary (subword-nmt)"; fi
 PREPROCESS_ARGS=(--nwordssrc 32768 --nwordstgt 32768)
 [ "$PL_BPE" = subword-nmt ] || PREPROCESS_ARGS=()
 EXTRA='{"recipe": "google/seq2seq bin/data/wmt16_en_de.sh", "tokenizer": "moses tokenizer.perl as of 2017 (before mosesdecoder 9fc964da7)", "from": "'$MODE'"}'

@@ -10,8 +10,8 @@
 #   --sha256-file FILE   expected checksums (`sha256sum` format, by file name). Env <P>_SHA256_FILE
 #   --work DIR           working folder (default data/<name>)
 #   --dest DIR           fairseq-preprocess output (default data/data-bin/<name>)
-#   --bpe TYPE           subword-nmt, sentencepiece or none
-#   --bpe-size N         subword-nmt merges, or sentencepiece vocabulary size
+#   --bpe TYPE           subword-nmt or none
+#   --bpe-size N         subword-nmt merges
 #   --skip-size-check    go on when the split sizes differ from the published ones
 #   --workers N          processes for the text steps and fairseq-preprocess (default: all cores)
 #   --no-binarize        stop before fairseq-preprocess
@@ -89,8 +89,8 @@ pl_parse_args() {
         esac
     done
     case $PL_BPE in
-        subword-nmt|sentencepiece|none) ;;
-        *) pl_die "--bpe must be subword-nmt, sentencepiece or none, got '$PL_BPE'" ;;
+        subword-nmt|none) ;;
+        *) pl_die "--bpe must be subword-nmt or none, got '$PL_BPE'" ;;
     esac
     case $PL_BPE_SIZE in ''|*[!0-9]*) pl_die "--bpe-size must be a whole number, got '$PL_BPE_SIZE'" ;; esac
     if [ "$PL_BPE" != none ] && [ "$PL_BPE_SIZE" -eq 0 ]; then
@@ -131,10 +131,7 @@ pl_helper() { "$PL_PY" "$PL_HELPER" "$@"; }
 
 pl_check_python_modules() {
     local mods="sacremoses regex"
-    case $PL_BPE in
-        subword-nmt) mods="$mods subword_nmt" ;;
-        sentencepiece) mods="$mods sentencepiece" ;;
-    esac
+    if [ "$PL_BPE" = subword-nmt ]; then mods="$mods subword_nmt"; fi
     "$PL_PY" -c "import ${mods// /, }" 2>/dev/null \
         || pl_die "$PL_PY lacks one of: $mods; run 'make setup' (or pip install -r requirements.txt), or set PYTHON to a python that has them"
 }
@@ -237,29 +234,19 @@ pl_step() {
 
 # --- fetching ------------------------------------------------------------------
 
-# pl_download URL DEST: download URL to DEST (via DEST.part, resumed if present).
+# pl_download URL DEST: download URL to DEST with curl (via DEST.part, resumed if present).
 pl_download() {
     local url=$1 dest=$2 rc=0 hint
     hint="without internet, fetch it elsewhere and pass --archive PATH (or set ${PL_ENV}_ARCHIVE=PATH)"
+    command -v curl >/dev/null 2>&1 || pl_die "downloading needs curl, which is not installed; $hint"
     mkdir -p "$(dirname "$dest")"
     pl_log "downloading $url"
-    if command -v curl >/dev/null 2>&1; then
-        curl -fL --retry 2 --connect-timeout 30 --progress-bar -C - -o "$dest.part" "$url" || rc=$?
-        if [ "$rc" = 33 ] || [ "$rc" = 36 ]; then  # server cannot resume: start again
-            rm -f "$dest.part"; rc=0
-            curl -fL --retry 2 --connect-timeout 30 --progress-bar -o "$dest.part" "$url" || rc=$?
-        fi
-        [ "$rc" = 0 ] || pl_die "cannot download $url (curl exit $rc); $hint"
-    elif command -v wget >/dev/null 2>&1; then
-        wget -c --progress=bar:force -O "$dest.part" "$url" || pl_die "cannot download $url (wget exit $?); $hint"
-    else
-        "$PL_PY" - "$url" "$dest.part" <<'EOF' || pl_die "cannot download $url; $hint"
-import sys, urllib.request
-urllib.request.urlretrieve(sys.argv[1], sys.argv[2],
-    lambda b, s, t: print(f"\r{b * s >> 20} MiB", end="", file=sys.stderr))
-print(file=sys.stderr)
-EOF
+    curl -fL --retry 2 --connect-timeout 30 --progress-bar -C - -o "$dest.part" "$url" || rc=$?
+    if [ "$rc" = 33 ] || [ "$rc" = 36 ]; then  # the server cannot resume: start again
+        rm -f "$dest.part"; rc=0
+        curl -fL --retry 2 --connect-timeout 30 --progress-bar -o "$dest.part" "$url" || rc=$?
     fi
+    [ "$rc" = 0 ] || pl_die "cannot download $url (curl exit $rc); $hint"
     [ -s "$dest.part" ] || { rm -f "$dest.part"; pl_die "download of $url came back empty; $hint"; }
     mv -- "$dest.part" "$dest"
 }
@@ -422,13 +409,9 @@ pl_check_sizes() {
 
 # step_bpe_learn DIR SRC TGT: learn the joint BPE on DIR/train.SRC + DIR/train.TGT
 # (concatenated in that order, as `cat train.SRC train.TGT`)
-# -> $STEP_OUT/code (subword-nmt) or $STEP_OUT/spm.model (sentencepiece)
+# -> $STEP_OUT/code
 step_bpe_learn() {
-    local dir=$1 src=$2 tgt=$3
-    case $PL_BPE in
-        subword-nmt) pl_helper bpe-learn "$STEP_OUT/code" "$PL_BPE_SIZE" "$dir/train.$src" "$dir/train.$tgt" ;;
-        sentencepiece) pl_helper spm-train "$STEP_OUT/spm" "$PL_BPE_SIZE" "$dir/train.$src" "$dir/train.$tgt" ;;
-    esac
+    pl_helper bpe-learn "$STEP_OUT/code" "$PL_BPE_SIZE" "$1/train.$2" "$1/train.$3"
 }
 
 # step_bpe_apply DIR SRC TGT: DIR/{train,valid,test}.{SRC,TGT} -> $STEP_OUT/
@@ -438,29 +421,21 @@ step_bpe_apply() {
     for s in train valid test; do
         for l in "$@"; do args+=("$dir/$s.$l" "$STEP_OUT/$s.$l"); done
     done
-    case $PL_BPE in
-        subword-nmt)
-            pl_helper bpe-apply "$PL_WORK/bpe-learn/code" "${args[@]}"
-            cp -- "$PL_WORK/bpe-learn/code" "$STEP_OUT/code" ;;
-        sentencepiece)
-            pl_helper spm-encode "$PL_WORK/bpe-learn/spm.model" "${args[@]}"
-            cp -- "$PL_WORK/bpe-learn/spm.model" "$STEP_OUT/spm.model" ;;
-    esac
+    pl_helper bpe-apply "$PL_WORK/bpe-learn/code" "${args[@]}"
+    cp -- "$PL_WORK/bpe-learn/code" "$STEP_OUT/code"
 }
 
 # step_binarize DIR SRC TGT MANIFEST_EXTRA [fairseq-preprocess args...]: -> $STEP_OUT,
-# with the BPE codes or model and prepare.json next to the dictionaries.
+# with the BPE codes and prepare.json next to the dictionaries.
 step_binarize() {
-    local dir=$1 src=$2 tgt=$3 extra=$4 lc=${PL_LOWERCASED:-0} f
+    local dir=$1 src=$2 tgt=$3 extra=$4 lc=${PL_LOWERCASED:-0}
     shift 4
     pl_find_fairseq_preprocess
     "$PL_FSP" --source-lang "$src" --target-lang "$tgt" \
         --trainpref "$dir/train" --validpref "$dir/valid" --testpref "$dir/test" \
         --destdir "$STEP_OUT" --joined-dictionary --workers "$PL_WORKERS" "$@" \
         || pl_die "fairseq-preprocess failed on $dir (see its messages above)"
-    for f in code spm.model; do
-        if [ -f "$dir/$f" ]; then cp -- "$dir/$f" "$STEP_OUT/"; fi
-    done
+    if [ -f "$dir/code" ]; then cp -- "$dir/code" "$STEP_OUT/"; fi
     pl_helper manifest "$STEP_OUT/prepare.json" --dataset "$PL_DATASET" --bpe "$PL_BPE" \
         --bpe-size "$PL_BPE_SIZE" --lowercased "$lc" --text-dir "$dir" --src "$src" --tgt "$tgt" \
         --sources "$PL_WORK/fetch/sources.sha256" --script "$PL_CMDLINE" \

@@ -598,57 +598,10 @@ def bpe_apply(codes, lines, workers=WORKERS, chunk=5000):
     return _parallel(_bpe_chunk, ((codes, c) for c in chunks(lines, chunk)), workers)
 
 
-# --- sentencepiece (--bpe sentencepiece) ---------------------------------------------
-
-def spm_train(prefix, vocab_size, files, max_sentences=4_000_000, seed=1):
-    """Joint BPE over ``files``. Identity normalization, so pieces decode back
-    to the tokenized text exactly; full character coverage."""
-    import sentencepiece as spm
-
-    try:
-        spm.set_random_generator_seed(seed)
-    except AttributeError:  # pragma: no cover - old sentencepiece
-        pass
-    n_lines = 0
-    for f in files:
-        with open(f, "rb") as fh:
-            n_lines += sum(1 for _ in fh)
-    kw = dict(
-        input=",".join(str(f) for f in files),
-        model_prefix=str(prefix),
-        vocab_size=int(vocab_size),
-        model_type="bpe",
-        character_coverage=1.0,
-        normalization_rule_name="identity",
-        bos_id=-1,
-        eos_id=-1,
-        num_threads=WORKERS,
-        minloglevel=2,
-    )
-    if n_lines > max_sentences:  # WMT-sized: learn on a seeded sample
-        kw.update(input_sentence_size=max_sentences, shuffle_input_sentence=True)
-    try:
-        spm.SentencePieceTrainer.train(**kw)
-    except RuntimeError as e:
-        raise PrepareError(f"sentencepiece training failed: {str(e).strip().splitlines()[-1]}")
-
-
-def spm_encode(model, lines):
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    out = []
-    step = 100_000
-    for i in range(0, len(lines), step):
-        pieces = sp.encode(lines[i:i + step], out_type=str, num_threads=WORKERS)
-        out.extend(" ".join(p) for p in pieces)
-    return out
-
-
 # --- prepare.json -------------------------------------------------------------------
 
 # The value a config must pass to fairseq-generate --remove-bpe for each BPE type.
-REMOVE_BPE = {"subword-nmt": "@@ ", "sentencepiece": "sentencepiece", "none": None}
+REMOVE_BPE = {"subword-nmt": "@@ ", "none": None}
 
 
 def count_lines(path):
@@ -818,11 +771,6 @@ COMMANDS = {
                   lambda a: bpe_learn(a.codes, a.merges, a.files)),
     "bpe-apply": ("subword-nmt apply-bpe -c CODES", [("codes", {}), PAIRS],
                   lambda a: _map(a, lambda lines: bpe_apply(a.codes, lines))),
-    "spm-train": ("a joint sentencepiece BPE model PREFIX.model",
-                  [("prefix", {}), ("vocab_size", dict(type=int)), ("files", dict(nargs="+"))],
-                  lambda a: spm_train(a.prefix, a.vocab_size, a.files)),
-    "spm-encode": ("apply it (pieces separated by spaces)", [("model", {}), PAIRS],
-                   lambda a: _map(a, lambda lines: spm_encode(a.model, list(lines)))),
     "manifest": ("write prepare.json (see write_manifest)",
                  [("out", {}), *[(f"--{k}", dict(required=k not in ("sources", "size-check")))
                                  for k in ("dataset", "bpe", "bpe-size", "text-dir", "src", "tgt", "sources",

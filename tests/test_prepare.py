@@ -478,20 +478,6 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
 
 
 @pytest.mark.slow
-def test_iwslt14_sentencepiece_option(tmp_path, iwslt14_archive):
-    work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--bpe", "sentencepiece",
-            "--bpe-size", 200, "--no-binarize", "--skip-size-check")
-    assert r.returncode == 0, r.stderr
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(work / "bpe-learn" / "spm.model"))
-    assert sp.get_piece_size() == 200
-    enc, ref = lines(work / "bpe" / "train.de"), lines(work / "split" / "train.de")
-    assert [sp.decode(x.split()) for x in enc] == ref
-
-
-@pytest.mark.slow
 def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive):
     work = tmp_path / "work"
     r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize", "--classic-clean")
@@ -505,7 +491,7 @@ def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive):
 
 
 @pytest.mark.parametrize("args,says", [
-    (("--bpe", "bpe32k"), "--bpe must be subword-nmt, sentencepiece or none, got 'bpe32k'"),
+    (("--bpe", "bpe32k"), "--bpe must be subword-nmt or none, got 'bpe32k'"),
     (("--bpe-size", "0"), "--bpe-size must be over 0 for --bpe subword-nmt (use --bpe none for no BPE)"),
     (("--bpe-size", "10k"), "--bpe-size must be a whole number, got '10k'"),
     (("--lowercase",), "unknown option '--lowercase'"),

@@ -259,13 +259,13 @@ def test_data_made_with_another_bpe_is_refused(tmp_path):
     config = _config_on(tmp_path, data, remove_bpe='"@@ "')
     recipes.check_data(load_config(config))  # no prepare.json: data made otherwise, no check
     (data / "prepare.json").write_text(json.dumps(
-        {"dataset": "iwslt14.de-en", "bpe": "sentencepiece", "bpe_size": 10000,
-         "remove_bpe": "sentencepiece", "sizes": {"train": 3, "valid": 1, "test": 1}}))
+        {"dataset": "iwslt15.en-vi", "bpe": "none", "bpe_size": None,
+         "remove_bpe": None, "sizes": {"train": 3, "valid": 1, "test": 1}}))
     with pytest.raises(ConfigError) as err:
         recipes.check_data(load_config(config))
     text = str(err.value)
-    assert "\n" not in text and 'remove_bpe is "@@ ", but the data needs "sentencepiece"' in text
-    recipes.check_data(load_config(_config_on(tmp_path, data, remove_bpe="sentencepiece")))
+    assert "\n" not in text and 'remove_bpe is "@@ ", but the data needs null' in text
+    recipes.check_data(load_config(_config_on(tmp_path, data, remove_bpe="null")))
     # on the command line: one error line, before any decoding
     proc = _script("evaluate.sh", config, "--checkpoint-dir", tmp_path / "none", home=tmp_path)
     assert proc.returncode == 2, proc.stderr
