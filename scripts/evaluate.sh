@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# scripts/evaluate.sh CONFIG [--checkpoint-dir DIR] [--checkpoint FILE] [--data DIR] [-- fairseq-generate args]
-# Decode the config's checkpoint, score it (tokenized BLEU, sacreBLEU): scores-NAME.json.
+# scripts/evaluate.sh CONFIG [--checkpoint-dir DIR] [--checkpoint FILE] [--data DIR] [-- fairseq-generate / fairseq-eval-lm args]
+# Score the config's checkpoint: translation: decode, tokenized BLEU and sacreBLEU; language
+# model: test perplexity with fairseq-eval-lm, two ways. Writes scores-NAME.json.
 # The driver is scripts/recipes.py (`python scripts/recipes.py evaluate -h`).
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-$REPO/.venv/bin/python}; [ -x "$PY" ] || PY=$(command -v python3)

@@ -1,15 +1,17 @@
 """The one driver of the recipes: a config (``configs/*.yaml``) -> fairseq-train, the checkpoint
-it decodes, its scores, and the reproduction table. ``scripts/train.sh``, ``evaluate.sh``,
+it evaluates, its scores, and the reproduction table. ``scripts/train.sh``, ``evaluate.sh``,
 ``reproduce.sh`` and ``demo.py`` all go through the functions here; ``python
 scripts/recipes.py {train,evaluate,reproduce,argv,check} -h`` gives the command lines.
 
-A config is one published row, a YAML mapping (TOP_KEYS): ``name`` (its run folder),
-``dataset``, ``setting``, ``norm``, ``paper``, ``published`` (or null), ``metric``, ``data``
-(relative to the repository root), ``source_lang``, ``target_lang``, ``train`` (fairseq-train
-options ``flag: value``; true: a bare flag, false or null: left out; fairseq's parser checks
-them, the driver adds those of RESERVED_TRAIN), ``evaluate`` (the checkpoint decoded and how
-it is scored: EVALUATE_KEYS), ``notes`` (the release followed, what differs, the number's
-source) and optionally ``shares_training_with`` (the config whose run this one decodes).
+A config is one published row, a YAML mapping (TOP_KEYS, and its task's keys: TASKS):
+``name`` (its run folder), ``dataset``, ``setting``, ``norm``, ``paper``, ``published`` (or
+null), ``metric``, ``data`` (relative to the repository root), ``train`` (fairseq-train options
+``flag: value``; true: a bare flag, false or null: left out; fairseq's parser checks them, the
+driver adds those of RESERVED_TRAIN; ``task`` picks fairseq's task, translation by default),
+``evaluate`` (the checkpoint evaluated and how it is scored: the task's evaluate keys),
+``notes`` (the release followed, what differs, the number's source) and optionally
+``shares_training_with`` (the config whose run this one evaluates). Translation adds
+``source_lang`` and ``target_lang``.
 """
 import argparse
 import contextlib
@@ -28,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = REPO / "normplug"
@@ -36,17 +38,20 @@ PROG = "normplug"
 RUN_RECORD = "normplug-run.json"  # in a save dir: the flags, device and exit status of its run
 
 REQUIRED = object()
-# key -> (default or REQUIRED, allowed types)
+# key -> (default or REQUIRED, allowed types); each task adds its own (TASKS)
 TOP_KEYS = {key: (REQUIRED, (str,)) for key in (
-    "name", "dataset", "setting", "norm", "paper", "metric", "data", "source_lang", "target_lang")}
+    "name", "dataset", "setting", "norm", "paper", "metric", "data")}
 TOP_KEYS.update(published=(REQUIRED, (int, float, type(None))), train=(REQUIRED, (dict,)),
                 evaluate=(REQUIRED, (dict,)), notes=(REQUIRED, (list,)),
                 shares_training_with=(None, (str, type(None))))
-EVALUATE_KEYS = {
-    # which checkpoint is decoded: exactly one of the three (CHECKPOINT_CHOICES)
+CHECKPOINT_KEYS = {
+    # which checkpoint is evaluated: exactly one of the three (CHECKPOINT_CHOICES)
     "checkpoint": (None, (str, type(None))),           # best | last
     "average_last_epochs": (None, (int, type(None))),  # the last N checkpointE.pt
     "average_last_updates": (None, (int, type(None))), # the last N checkpoint_E_U.pt
+}
+TRANSLATION_EVALUATE_KEYS = {
+    **CHECKPOINT_KEYS,
     "gen_subset": ("test", (str,)),
     "beam": (REQUIRED, (int,)),
     "lenpen": (REQUIRED, (int, float)),
@@ -61,7 +66,15 @@ EVALUATE_KEYS = {
     # sacreBLEU's references: a sacrebleu test set (wmt14/full), or null: the binarized test set's
     "sacrebleu_test_set": (None, (str, type(None))),
 }
-CHECKPOINT_CHOICES = ("checkpoint", "average_last_epochs", "average_last_updates")
+LM_EVALUATE_KEYS = {
+    **CHECKPOINT_KEYS,
+    "gen_subset": ("test", (str,)),
+    "batch_size": (10, (int,)),                      # fairseq-eval-lm --batch-size (windows)
+    # the second figure, fairseq's sliding window: each window of the training length scores
+    # its last (length - context_window) tokens with the context_window tokens before it
+    "context_window": (REQUIRED, (int,)),
+}
+CHECKPOINT_CHOICES = tuple(CHECKPOINT_KEYS)
 RESERVED_TRAIN = {
     "user-dir": "the driver adds the plugin directory",
     "save-dir": "chosen per run (--save-dir on the command line)",
@@ -89,12 +102,12 @@ class Recipe:
     published: Optional[float]
     metric: str
     data: str
-    source_lang: str
-    target_lang: str
     train: Dict[str, object]
     evaluate: Dict[str, object]
     notes: List[str]
     shares_training_with: Optional[str] = None
+    source_lang: Optional[str] = None  # translation
+    target_lang: Optional[str] = None
 
     @property
     def training_name(self) -> str:
@@ -103,7 +116,11 @@ class Recipe:
 
     @property
     def task(self) -> str:
-        return str(self.train.get("task", "translation"))
+        return task_name(self.train)
+
+    def train_value(self, flag: str):
+        """A train: value, written with dashes or underscores."""
+        return self.train.get(flag, self.train.get(flag.replace("-", "_")))
 
     def data_path(self, override=None) -> Path:
         return Path(override).resolve() if override else REPO / self.data
@@ -136,6 +153,11 @@ def _checked(where: str, given: dict, spec: dict) -> dict:
     return out
 
 
+def task_name(train) -> str:
+    """The fairseq task of a config's ``train:`` mapping (translation unless it says)."""
+    return str(train.get("task", "translation")) if isinstance(train, dict) else "translation"
+
+
 def load_config(path) -> Recipe:
     """Read one config and check what its format owns; fairseq's flags are fairseq's to check."""
     import yaml
@@ -149,7 +171,11 @@ def load_config(path) -> Recipe:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a YAML mapping with keys {', '.join(TOP_KEYS)}")
-    top = _checked(f"{path}: ", raw, TOP_KEYS)
+    name = task_name(raw.get("train"))
+    if name not in TASKS:
+        raise ConfigError(f"{path}: train: task {name!r} has no recipes here (known: {', '.join(TASKS)})")
+    task = TASKS[name]
+    top = _checked(f"{path}: ", raw, {**TOP_KEYS, **task.top_keys})
     for key in ("name", "shares_training_with"):
         if top[key] is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", top[key]):
             raise ConfigError(f"{path}: key {key!r} must be a folder name (letters, digits, '.', "
@@ -162,30 +188,49 @@ def load_config(path) -> Recipe:
                               f"{RESERVED_TRAIN[str(key).replace('_', '-')]}")
         if isinstance(value, dict):
             raise ConfigError(f"{path}: train: {key!r} must be a value or a list, got a mapping")
-    ev = _checked(f"{path}: evaluate: ", top["evaluate"], EVALUATE_KEYS)
+    ev = _checked(f"{path}: evaluate: ", top["evaluate"], task.evaluate_keys)
     chosen = [k for k in CHECKPOINT_CHOICES if ev[k] is not None]
     if len(chosen) != 1:
         raise ConfigError(f"{path}: evaluate: set exactly one of {', '.join(map(repr, CHECKPOINT_CHOICES))} "
-                          f"(which checkpoint is decoded), got {' and '.join(map(repr, chosen)) or 'none'}")
+                          f"(which checkpoint is evaluated), got {' and '.join(map(repr, chosen)) or 'none'}")
     if ev["checkpoint"] not in (None, "best", "last"):
         raise ConfigError(f"{path}: evaluate: 'checkpoint' must be one of best, last, got {ev['checkpoint']!r}")
     for key in ("average_last_epochs", "average_last_updates", "beam", "batch_size"):
-        if ev[key] is not None and ev[key] < 1:
+        if ev.get(key) is not None and ev[key] < 1:
             raise ConfigError(f"{path}: evaluate: {key!r} must be >= 1, got {ev[key]}")
-    ev["detok_lang"] = ev["detok_lang"] or top["target_lang"]
+    top.update(evaluate=ev, path=path)
+    top["published"] = None if top["published"] is None else float(top["published"])
+    recipe = Recipe(**top)
+    task.check(recipe)
+    return recipe
+
+
+def check_translation(recipe: Recipe):
+    """The translation part of a config: sacreBLEU's language and references."""
+    ev = recipe.evaluate
+    ev["detok_lang"] = ev["detok_lang"] or recipe.target_lang
     if ev["sacrebleu_test_set"] is not None:
         from sacrebleu.dataset import DATASETS
 
-        test_set, pair = ev["sacrebleu_test_set"], f"{top['source_lang']}-{top['target_lang']}"
+        test_set, pair = ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}"
         if test_set not in DATASETS:
-            raise ConfigError(f"{path}: evaluate: sacrebleu_test_set {test_set!r} is not a sacrebleu "
+            raise ConfigError(f"{recipe.path}: evaluate: sacrebleu_test_set {test_set!r} is not a sacrebleu "
                               "test set (list them: sacrebleu --list)")
         if pair not in DATASETS[test_set].langpairs:
-            raise ConfigError(f"{path}: evaluate: sacrebleu test set {test_set!r} has no language "
+            raise ConfigError(f"{recipe.path}: evaluate: sacrebleu test set {test_set!r} has no language "
                               f"pair {pair!r}")
-    top.update(evaluate=ev, path=path)
-    top["published"] = None if top["published"] is None else float(top["published"])
-    return Recipe(**top)
+
+
+def check_language_model(recipe: Recipe):
+    """The language-model part of a config: evaluation windows of the training length, so
+    train: must say that length, and the sliding window's context must fit in it."""
+    length, context = recipe.train_value("tokens-per-sample"), recipe.evaluate["context_window"]
+    if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+        raise ConfigError(f"{recipe.path}: train: 'tokens-per-sample' must be set to the training length "
+                          f"(an integer >= 2; evaluation uses windows of that length), got {length!r}")
+    if not 1 <= context < length:
+        raise ConfigError(f"{recipe.path}: evaluate: 'context_window' must be in 1 .. {length - 1} (the "
+                          f"training length {length} minus at least one scored token), got {context}")
 
 
 # ----------------------------------------------------------------------------- command lines
@@ -275,8 +320,9 @@ def train_argv(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=No
                gpu: Optional[bool] = None, exe: bool = True, gpus: int = 1,
                bn_sync_stats: bool = False) -> List[str]:
     """The full ``fairseq-train`` command line of a recipe."""
-    flags = {"user-dir": [str(PLUGIN_DIR)], "source-lang": [recipe.source_lang],
-             "target-lang": [recipe.target_lang], **merged_flags(recipe, extra)}
+    languages = {"source-lang": [recipe.source_lang], "target-lang": [recipe.target_lang]} \
+        if recipe.task == "translation" else {}
+    flags = {"user-dir": [str(PLUGIN_DIR)], **languages, **merged_flags(recipe, extra)}
     flags.setdefault("save-dir", [str(save_dir or recipe.default_save_dir())])
     for key in ("distributed-world-size", "bn-sync-stats"):
         if key in flags:
@@ -399,9 +445,10 @@ def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, g
 
 def check_data(recipe: Recipe, data=None):
     """Refuse a config whose ``remove_bpe`` is not what its data needs, as recorded in the
-    ``prepare.json`` of scripts/prepare-*.sh (data made otherwise has none)."""
+    ``prepare.json`` of scripts/prepare-*.sh (data made otherwise has none). A language
+    model's words are scored as they are: nothing to remove."""
     manifest = recipe.data_path(data) / "prepare.json"
-    if not manifest.is_file():
+    if "remove_bpe" not in recipe.evaluate or not manifest.is_file():
         return
     try:
         info = json.loads(manifest.read_text(encoding="utf-8"))
@@ -415,7 +462,7 @@ def check_data(recipe: Recipe, data=None):
 
 
 def describe_choice(ev) -> str:
-    """Which checkpoint a config decodes, in words (results table)."""
+    """Which checkpoint a config evaluates, in words (results table)."""
     if ev["checkpoint"]:
         return f"checkpoint_{ev['checkpoint']}.pt"
     if ev["average_last_epochs"]:
@@ -609,30 +656,115 @@ def score_translation(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, 
     return scores
 
 
-# How each fairseq task is evaluated: (scoring function, the score compared with `published`).
-# A language-model task adds its entry here (fairseq-eval-lm, perplexity).
-EVALUATION = {"translation": (score_translation, "tokenized_bleu")}
+def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, data=None, gpu: Optional[bool] = None,
+                 extra: Sequence[str] = ()) -> List[str]:
+    """``fairseq-eval-lm`` on windows of the training length: with ``context_window`` 0 they do
+    not overlap and each token sees only the tokens before it in its window (the first, the
+    last token of the window before); with C > 0 each window scores its last (length - C)
+    tokens with the C tokens before them as context (fairseq subtracts C from
+    --tokens-per-sample)."""
+    ev = recipe.evaluate
+    argv = [fairseq_exe("fairseq-eval-lm"), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
+            "--path", str(checkpoint), "--task", "language_modeling", "--gen-subset", ev["gen_subset"],
+            "--sample-break-mode", "none", "--tokens-per-sample", str(recipe.train_value("tokens-per-sample")),
+            "--context-window", str(context_window), "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
+    if not (use_gpu() if gpu is None else gpu):
+        argv.append("--cpu")
+    return argv + list(extra)
+
+
+def parse_eval_lm(text: str) -> Tuple[int, float]:
+    """(tokens scored, mean loss in bits a token) from fairseq-eval-lm's log."""
+    tokens = re.findall(r"Evaluated ([\d,]+) tokens", text)
+    bits = re.findall(r"Loss \(base 2\): (\S+), Perplexity: ", text)
+    if len(tokens) != 1 or len(bits) != 1:
+        raise RuntimeError("fairseq-eval-lm's log has no single 'Evaluated N tokens' and 'Loss (base 2)' line")
+    return int(tokens[0].replace(",", "")), float(bits[0])
+
+
+def split_tokens(recipe: Recipe, data=None) -> int:
+    """Tokens (end-of-line symbols included) of the evaluated split of the binarized data."""
+    from fairseq.data import data_utils
+
+    prefix = recipe.data_path(data) / recipe.evaluate["gen_subset"]
+    dataset = data_utils.load_indexed_dataset(str(prefix), None)
+    if dataset is None:
+        raise ConfigError(f"no binarized split {prefix.name!r} in {prefix.parent}")
+    return int(dataset.sizes.sum())
+
+
+def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, extra=(), log=print):
+    """Test perplexity with fairseq-eval-lm, twice: as the reference evaluated (non-overlapping
+    windows of the training length, no extra context: the published figure), and fairseq's
+    sliding window (evaluate: context_window). Perplexity = exp(mean token loss in nats) =
+    2 ** (fairseq's mean loss in bits). Both runs must score every token of the split:
+    fairseq-eval-lm skips windows longer than the model's positions without a word."""
+    ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
+    expected = split_tokens(recipe, data)
+    scores = {"tokens": expected}
+    for prefix, context in (("", 0), ("sliding_window_", ev["context_window"])):
+        argv = eval_lm_argv(recipe, checkpoint, context, data=data, extra=extra)
+        log_path = ckdir / f"eval-lm-{recipe.name}{'-sliding' if context else ''}.log"
+        log("$ " + shlex.join(argv))
+        rc, text = _run(argv, log_path)
+        if rc != 0:
+            raise RuntimeError(f"fairseq-eval-lm failed (exit {rc}); see {log_path}:\n{text[-3000:]}")
+        tokens, bits = parse_eval_lm(text)
+        if tokens != expected:
+            raise RuntimeError(f"fairseq-eval-lm scored {tokens:,} of the {expected:,} tokens of the "
+                               f"{ev['gen_subset']} split (it skips windows longer than the model's "
+                               f"positions); see {log_path}")
+        scores.update({prefix + "perplexity": round(2 ** bits, 2), prefix + "loss_bits": bits})
+    scores.update(
+        windows=f"non-overlapping windows of {length} tokens, no context beyond the window "
+                f"(fairseq-eval-lm --tokens-per-sample {length} --context-window 0)",
+        sliding_window_context=ev["context_window"],
+        sliding_window_windows=f"fairseq's sliding window: windows of {length} tokens, each scoring its last "
+                               f"{length - ev['context_window']} with the {ev['context_window']} before "
+                               f"as context (--tokens-per-sample {length} --context-window {ev['context_window']})")
+    log(f"{recipe.name}: perplexity {scores['perplexity']:.2f} ({scores['windows']}; {expected:,} tokens)")
+    log(f"{recipe.name}: sliding-window perplexity {scores['sliding_window_perplexity']:.2f} "
+        f"({scores['sliding_window_windows']})")
+    return scores
+
+
+@dataclass(frozen=True)
+class Task:
+    """How the configs of one fairseq task are read and scored."""
+    top_keys: Dict[str, tuple]       # config keys beside TOP_KEYS
+    evaluate_keys: Dict[str, tuple]  # the evaluate: mapping
+    check: Callable                  # load_config's checks beyond the keys: (recipe) -> None
+    score: Callable                  # (recipe, checkpoint, ckdir, data, extra, log) -> scores
+    published_score: str             # the score compared with `published`
+    metric: str                      # its name in the table
+    better: str                      # "higher" or "lower"
+
+
+TASKS = {
+    "translation": Task(
+        top_keys={"source_lang": (REQUIRED, (str,)), "target_lang": (REQUIRED, (str,))},
+        evaluate_keys=TRANSLATION_EVALUATE_KEYS, check=check_translation, score=score_translation,
+        published_score="tokenized_bleu", metric="BLEU", better="higher"),
+    "language_modeling": Task(
+        top_keys={}, evaluate_keys=LM_EVALUATE_KEYS, check=check_language_model, score=score_language_model,
+        published_score="perplexity", metric="perplexity", better="lower"),
+}
 
 
 def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_generate=(),
              log=print) -> Dict[str, object]:
     """Pick the config's checkpoint, score it as its task is scored, and write
     scores-<name>.json next to it."""
-    if recipe.task not in EVALUATION:
-        raise ConfigError(f"{recipe.path}: task {recipe.task!r} has no evaluation here "
-                          f"(known: {', '.join(EVALUATION)})")
     ckdir = Path(ckdir) if ckdir else recipe.default_save_dir()
     t0 = time.time()
     check_data(recipe, data)
     path, inputs = (Path(checkpoint), [Path(checkpoint)]) if checkpoint else choose_checkpoint(recipe, ckdir, log)
-    scorer = EVALUATION[recipe.task][0]
     scores = {"config": str(recipe.path), "name": recipe.name, "checkpoint": str(path),
               "checkpoint_choice": "given on the command line" if checkpoint else describe_choice(recipe.evaluate),
               "averaged": [p.name for p in inputs],
-              **scorer(recipe, path, ckdir, data=data, extra=extra_generate, log=log)}
+              **TASKS[recipe.task].score(recipe, path, ckdir, data=data, extra=extra_generate, log=log)}
     scores.update(published=recipe.published, metric=recipe.metric,
-                  decoding={k: recipe.evaluate[k] for k in ("gen_subset", "beam", "lenpen", "max_len_a",
-                                                            "max_len_b", "batch_size", "model_overrides")},
+                  settings={k: v for k, v in recipe.evaluate.items() if k not in CHECKPOINT_CHOICES},
                   seconds=round(time.time() - t0, 1),
                   date=datetime.datetime.now().isoformat(timespec="seconds"))
     if recipe.published is not None:
@@ -644,9 +776,12 @@ def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_gener
 
 # ----------------------------------------------------------------------------- the table
 
-RESULT_COLUMNS = ["config", "dataset", "setting", "norm", "paper", "metric", "published", "ours",
-                  "delta", "sacrebleu", "sacrebleu_references", "sacrebleu_signature", "decoded",
-                  "checkpoints_averaged", "train_seconds", "status"]
+# scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
+SECOND_SCORES = ("sacrebleu", "sacrebleu_references", "sacrebleu_signature", "sliding_window_perplexity",
+                 "sliding_window_context")
+RESULT_COLUMNS = ["config", "dataset", "setting", "norm", "paper", "metric", "better", "published", "ours",
+                  "delta", *SECOND_SCORES, "evaluated", "checkpoints_averaged", "train_seconds", "status"]
+ARROWS = {"higher": "↑", "lower": "↓"}
 
 
 def row_status(recipe: Recipe, run: Optional[dict], scored: bool) -> str:
@@ -672,18 +807,18 @@ def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict
     failed; older scores there are not shown)."""
     ckdir = out / recipe.training_name
     run = read_run_record(ckdir)
+    task = TASKS[recipe.task]
     row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting,
-           "norm": recipe.norm, "paper": recipe.paper, "metric": recipe.metric,
-           "published": recipe.published, "decoded": describe_choice(recipe.evaluate),
-           "train_seconds": run.get("seconds") if run else None}
+           "norm": recipe.norm, "paper": recipe.paper, "metric": recipe.metric, "better": task.better,
+           "metric_name": task.metric, "published": recipe.published,
+           "evaluated": describe_choice(recipe.evaluate), "train_seconds": run.get("seconds") if run else None}
     try:
         scores = None if failure else json.loads((ckdir / f"scores-{recipe.name}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         scores = None
     row["status"] = "failed: " + failure if failure else row_status(recipe, run, scores is not None)
     if scores:
-        row.update({k: scores.get(k) for k in ("sacrebleu", "sacrebleu_references", "sacrebleu_signature")},
-                   ours=scores.get(EVALUATION.get(recipe.task, (None, None))[1]),
+        row.update({k: scores.get(k) for k in SECOND_SCORES}, ours=scores.get(task.published_score),
                    checkpoints_averaged=" ".join(scores["averaged"]))
         if recipe.published is not None and row["ours"] is not None:
             row["delta"] = round(row["ours"] - recipe.published, 2)
@@ -694,6 +829,15 @@ def _fmt(v, digits=2):
     return "—" if v is None or v == "" else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
+def _second_score(row) -> str:
+    """The score beside the published one, labelled."""
+    if row.get("sacrebleu") is not None:
+        return f"sacreBLEU {row['sacrebleu']:.2f}"
+    if row.get("sliding_window_perplexity") is not None:
+        return f"sliding window, context {row['sliding_window_context']}: {row['sliding_window_perplexity']:.2f}"
+    return "—"
+
+
 def write_results(rows, out: Path) -> List[str]:
     """results.csv and results.md in ``out``; returns the table's lines."""
     buf = io.StringIO()
@@ -701,18 +845,24 @@ def write_results(rows, out: Path) -> List[str]:
     w.writeheader()
     w.writerows({k: ("" if row.get(k) is None else row[k]) for k in RESULT_COLUMNS} for row in rows)
     write_atomic(out / "results.csv", buf.getvalue())
-    table = ["| config | dataset | setting | norm | published | ours | Δ | sacreBLEU | decoded | status |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    table += ["| " + " | ".join([r["config"], r["dataset"], r["setting"], r["norm"], _fmt(r.get("published"), 1),
-                                 _fmt(r.get("ours")), _fmt(r.get("delta")), _fmt(r.get("sacrebleu")),
-                                 r["decoded"], r["status"].replace("|", "\\|")]) + " |" for r in rows]
+    table = ["| config | dataset | setting | norm | metric | published | ours | Δ | also | evaluated | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    table += ["| " + " | ".join([r["config"], r["dataset"], r["setting"], r["norm"],
+                                 f"{r['metric_name']} {ARROWS[r['better']]}", _fmt(r.get("published"), 1),
+                                 _fmt(r.get("ours")), _fmt(r.get("delta")), _second_score(r),
+                                 r["evaluated"], r["status"].replace("|", "\\|")]) + " |" for r in rows]
     refs = {}
     for r in rows:
         if r.get("sacrebleu_references"):
             refs.setdefault((r["sacrebleu_references"], r["sacrebleu_signature"]), []).append(r["config"])
     lines = ["# normplug: reproduction results", "",
              "Ours = the published metric computed as the paper did (BLEU: fairseq's scorer on the",
-             "tokenized, BPE-removed output; compound-split for WMT); Δ = ours − published. Status:",
+             "tokenized, BPE-removed output; compound-split for WMT; perplexity: exp of the mean token",
+             "loss on non-overlapping windows of the training length, without context beyond the window).",
+             "Δ = ours − published: for BLEU (↑, higher is better) a positive Δ beats the paper, for",
+             "perplexity (↓, lower is better) a negative one. Also: sacreBLEU (below), or fairseq's",
+             "sliding-window perplexity, each window scoring its last tokens with `context` tokens before",
+             "them (fairseq-eval-lm --context-window). Status:",
              "`full` = the config as written; `shortened (...)` = run with extra fairseq-train arguments",
              "(not comparable to the paper); `not run` = no scores in this folder yet; `stale` = scored,",
              "but the config changed after the run; `failed: ...` = why; `N GPUs` = spread over N GPUs",
@@ -790,9 +940,10 @@ def main(argv=None) -> int:
         return p
 
     command("train", "run fairseq-train from a config (fairseq-train arguments pass through)")
-    p = command("evaluate", "pick/average checkpoints, decode, score (tokenized BLEU, sacreBLEU)")
+    p = command("evaluate", "pick/average checkpoints and score them: translation: decode, tokenized BLEU "
+                            "and sacreBLEU; language model: perplexity (fairseq-eval-lm)")
     p.add_argument("--checkpoint-dir", help="save dir of the run (default checkpoints/<name>)")
-    p.add_argument("--checkpoint", help="decode this checkpoint instead of the config's choice")
+    p.add_argument("--checkpoint", help="evaluate this checkpoint instead of the config's choice")
     p = command("reproduce", "train + evaluate configs; results.md/.csv", "configs")
     p.add_argument("--out", default="runs/reproduce", help="output folder (default %(default)s)")
     p.add_argument("--table-only", action="store_true",

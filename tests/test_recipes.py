@@ -171,7 +171,7 @@ def test_a_task_without_evaluation_is_refused(tmp_path):
      r"evaluate: set exactly one of .* got 'checkpoint' and 'average_last_epochs'"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  gen_subset: test "),
      r"evaluate: set exactly one of 'checkpoint', 'average_last_epochs', 'average_last_updates' "
-     r"\(which checkpoint is decoded\), got none"),
+     r"\(which checkpoint is evaluated\), got none"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: newest "),
      r"evaluate: 'checkpoint' must be one of best, last, got 'newest'"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  average_last_updates: 0 "),
@@ -226,7 +226,7 @@ def test_bad_config_on_the_command_line(tmp_path):
         proc = _script(script, bad)
         assert proc.returncode == 2, (script, proc.stdout, proc.stderr)
         assert proc.stderr.splitlines() == [f"normplug: error: {bad}: evaluate: missing key 'lenpen' "
-                                            f"(valid keys: {', '.join(recipes.EVALUATE_KEYS)})"], proc.stderr
+                                            f"(valid keys: {', '.join(recipes.TRANSLATION_EVALUATE_KEYS)})"], proc.stderr
     missing = _script("train.sh", tmp_path / "no.yaml")
     assert missing.returncode == 2 and "no.yaml: config file not found" in missing.stderr
 

@@ -113,9 +113,9 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
         assert r["sacrebleu_references"] == ("cased references of the binarized test set, "
                                              "sacremoses-detokenized")
         assert float(r["train_seconds"]) > 0
-    assert rows[0]["decoded"] == "average of the last 2 epoch checkpoints"
+    assert rows[0]["evaluated"] == "average of the last 2 epoch checkpoints"
     assert rows[0]["checkpoints_averaged"] == "checkpoint1.pt checkpoint2.pt"
-    assert rows[1]["decoded"] == "average of the last 2 update checkpoints"
+    assert rows[1]["evaluated"] == "average of the last 2 update checkpoints"
     averaged = rows[1]["checkpoints_averaged"].split()
     kept = sorted((out / "tiny-rbn").glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
     assert averaged == [p.name for p in kept] and len(kept) == 2  # keep-interval-updates 2
@@ -123,10 +123,11 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
     assert rows[0]["published"] == "1.5"
     assert float(rows[0]["delta"]) == round(float(rows[0]["ours"]) - 1.5, 2)
     assert rows[1]["published"] == "" and rows[1]["delta"] == ""
-    assert md[0] == ("| config | dataset | setting | norm | published | ours | Δ | sacreBLEU "
-                     "| decoded | status |")
-    assert md[2].startswith("| tiny-ln | tiny (tests/conftest.py) | Post-Norm | LN | 1.5 | ")
-    assert md[3].startswith("| tiny-rbn | tiny (tests/conftest.py) | Post-Norm | RBN | — | ")
+    assert md[0] == ("| config | dataset | setting | norm | metric | published | ours | Δ | also "
+                     "| evaluated | status |")
+    assert md[2].startswith("| tiny-ln | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.5 | ")
+    assert md[3].startswith("| tiny-rbn | tiny (tests/conftest.py) | Post-Norm | RBN | BLEU ↑ | — | ")
+    assert f"| sacreBLEU {float(rows[0]['sacrebleu']):.2f} |" in md[2]
     assert len(md) == 4 and md[2].endswith("| shortened (extra args: --max-epoch 2) |")
     text = (out / "results.md").read_text()
     assert "test paper LN" in text and "nrefs:1|" in text
@@ -163,7 +164,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path):
         ("tiny-ln", "shortened (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
         ("tiny-rbn", "shortened (extra args: --max-epoch 2)")]
     assert rows[1]["ours"] == "" and rows[1]["published"] == "2.0"
-    assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | 2.0 | — | — | — | "
+    assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | BLEU ↑ | 2.0 | — | — | — | "
                      "average of the last 2 epoch checkpoints | not run |")
     assert not (out / "tiny-never").exists()
 
@@ -222,7 +223,7 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
     full = rows[0]
     assert (full["ours"], full["delta"], full["sacrebleu"], full["train_seconds"]) == \
         ("1.25", "0.25", "1.5", "3.0")
-    assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | 1.0 | 1.25 | 0.25 | 1.50 | "
+    assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.0 | 1.25 | 0.25 | sacreBLEU 1.50 | "
                      "average of the last 2 epoch checkpoints | full |")
     # extra training arguments make no sense without training
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "recipes.py"), "reproduce",
