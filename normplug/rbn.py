@@ -54,7 +54,8 @@ def check_weights(mean_weight, var_weight, model=None):
         raise NormConfigError(
             f"--rbn-mean-weight {mean_weight:g} / --rbn-var-weight {var_weight:g} need batch-norm "
             f"layers, but the model has no 'batch' norm (batch-statistics norms: {found}); use a "
-            "*_bn / *_rbn architecture or --encoder-norm batch, or set both weights to 0")
+            "*_bn / *_rbn architecture or a 'batch' site (e.g. --decoder-ffn-norm batch), or set "
+            "both weights to 0")
 
 
 class RBNPenalty:
@@ -69,10 +70,16 @@ class RBNPenalty:
         self.rbn_mean_weight, self.rbn_var_weight = float(rbn_mean_weight), float(rbn_var_weight)
         self._model_checked = False
 
+    @classmethod
+    def check_model(cls, cfg, model):
+        """Raise NormConfigError for a model this criterion cannot train with the options in
+        ``cfg`` (the criterion itself, or the Namespace normplug's models are built from)."""
+        check_weights(getattr(cfg, "rbn_mean_weight", 0), getattr(cfg, "rbn_var_weight", 0), model)
+
     def forward(self, model, sample, reduce=True):
         if not self._model_checked:  # normplug's models are also checked when built
             try:
-                check_weights(self.rbn_mean_weight, self.rbn_var_weight, model)
+                self.check_model(self, model)
             except NormConfigError as err:
                 raise SystemExit(f"normplug: error: {err}")
             self._model_checked = True

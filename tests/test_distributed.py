@@ -331,7 +331,6 @@ def test_powernorm_sync_option_and_single_process_fallback():
     from normplug.models.norm_plan import NormPlan
 
     plan = NormPlan.from_config(Namespace(encoder_norm="power", decoder_norm="batch", bn_sync_stats=True,
-                                          encoder=Namespace(attention_heads=2),
-                                          decoder=Namespace(attention_heads=2)))
+                                          encoder_attention_heads=2, decoder_attention_heads=2))
     assert plan.build("encoder", "attn", 8).sync_stats is True
     assert plan.build("decoder", "ffn", 8).sync_stats is True

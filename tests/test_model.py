@@ -11,7 +11,8 @@ from fairseq import options, tasks, utils
 
 import normplug  # noqa: F401  (registers the plugin)
 from normplug.models.architectures import ARCHITECTURES, KINDS, SHAPES
-from normplug.models.norm_transformer import NormTransformerModel, site_name
+from normplug.models.norm_model import site_name
+from normplug.models.norm_transformer import NormTransformerModel
 from normplug.norms import BatchStatNorm, norm_names
 
 TINY_ARCH = TINY_MODEL + ["--dropout", "0.0", "--attention-dropout", "0.0", "--share-all-embeddings"]

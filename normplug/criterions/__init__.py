@@ -1,2 +1,2 @@
 """Criterions of normplug (fairseq does not auto-import a user dir's criterions)."""
-from . import label_smoothed_cross_entropy_rbn  # noqa: F401
+from . import adaptive_loss_rbn, cross_entropy_rbn, label_smoothed_cross_entropy_rbn  # noqa: F401

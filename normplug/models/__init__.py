@@ -1,2 +1,3 @@
-"""The ``norm_transformer`` model and its named architectures."""
-from . import norm_transformer, architectures  # noqa: F401
+"""The ``norm_transformer`` (translation) and ``norm_transformer_lm`` (language model) models
+and their named architectures."""
+from . import norm_transformer, norm_transformer_lm, architectures, architectures_lm  # noqa: F401

@@ -27,36 +27,47 @@ from fairseq.models.transformer.transformer_legacy import (
 
 MODEL = "norm_transformer"
 
-_ENCODER_SUBLAYERS = ("encoder_attn_norm", "encoder_ffn_norm")
-
-# kind -> (norm at every site, {flag: default} on top)
+# kind -> (norm at every site, the batch-statistics norm at the sublayer sites where the papers
+# put it: the encoder's self-attention and FFN in translation, every layer's in a language model)
 KINDS = {
-    "ln": ("layer", {}),
-    "lnsimple": ("layer_simple", {}),
-    "detach": ("detach", {}),
-    "adanorm": ("adanorm", {}),
-    "rms": ("rms", {}),
-    "scale": ("scale", {}),
-    "nonorm": ("identity", {}),
-    "bn": ("layer", dict.fromkeys(_ENCODER_SUBLAYERS, "batch")),
-    "rbn": ("layer", dict.fromkeys(_ENCODER_SUBLAYERS, "batch")),
-    "pn": ("layer", {**dict.fromkeys(_ENCODER_SUBLAYERS, "power"), "encoder_final_norm": "power",
-                     "power_final_warmup": 1000}),
+    "ln": ("layer", None),
+    "lnsimple": ("layer_simple", None),
+    "detach": ("detach", None),
+    "adanorm": ("adanorm", None),
+    "rms": ("rms", None),
+    "scale": ("scale", None),
+    "nonorm": ("identity", None),
+    "bn": ("layer", "batch"),
+    "rbn": ("layer", "batch"),
+    "pn": ("layer", "power"),
 }
 
 SHAPES = {"transformer_iwslt_de_en": transformer_iwslt_de_en, "transformer_wmt_en_de": transformer_wmt_en_de,
           "transformer_vaswani_wmt_en_de_big": transformer_vaswani_wmt_en_de_big}
 
 
-def _make_architecture(shape_fn, every_site, defaults, prenorm):
+def _translation_defaults(kind):
+    every_site, sublayers = KINDS[kind]
+    defaults = {"encoder_norm": every_site, "decoder_norm": every_site}
+    if sublayers is not None:
+        defaults.update(encoder_attn_norm=sublayers, encoder_ffn_norm=sublayers)
+    if sublayers == "power":  # Shen et al.'s release: also the encoder's final (Pre-Norm) norm
+        defaults.update(encoder_final_norm="power", power_final_warmup=1000)
+    return defaults
+
+
+def set_defaults(args, defaults):
+    """Each flag that the command line left unset gets its default."""
+    for flag, value in defaults.items():
+        if getattr(args, flag, None) is None:
+            setattr(args, flag, value)
+
+
+def _make_architecture(shape_fn, defaults, prenorm):
     def architecture(args):
-        for flag, value in {"encoder_norm": every_site, "decoder_norm": every_site, **defaults}.items():
-            if getattr(args, flag, None) is None:
-                setattr(args, flag, value)
+        set_defaults(args, defaults)
         if prenorm:
-            for flag in ("encoder_normalize_before", "decoder_normalize_before"):
-                if getattr(args, flag, None) is None:
-                    setattr(args, flag, True)
+            set_defaults(args, {"encoder_normalize_before": True, "decoder_normalize_before": True})
         shape_fn(args)
 
     return architecture
@@ -64,11 +75,11 @@ def _make_architecture(shape_fn, every_site, defaults, prenorm):
 
 ARCHITECTURES = {}
 for _shape, _shape_fn in SHAPES.items():
-    for _kind, (_every, _defaults) in KINDS.items():
+    for _kind in KINDS:
         for _prenorm in (False, True):
             _name = f"{_shape}_{_kind}" + ("_prenorm" if _prenorm else "")
             ARCHITECTURES[_name] = register_model_architecture(MODEL, _name)(
-                _make_architecture(_shape_fn, _every, _defaults, _prenorm))
+                _make_architecture(_shape_fn, _translation_defaults(_kind), _prenorm))
 
 
 @register_model_architecture(MODEL, MODEL)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch.nn as nn
+from fairseq.models.transformer.transformer_config import TransformerConfig
 
 from ..norms import NormConfigError, create_norm, norm_names, norm_options
 
@@ -47,16 +48,18 @@ def _number(kind, ok, valid):
     return parse
 
 
-def add_norm_args(parser):
-    """The plugin's model flags. No defaults here: the architectures fill them, and
-    fairseq's model group leaves an unset flag absent."""
+def add_norm_args(parser, sites=tuple(SITES)):
+    """The plugin's model flags for a model with these (stack, site) keys of SITES. No
+    defaults here: the architectures fill them, and fairseq's model group leaves an unset
+    flag absent."""
     names = list(norm_names())
+    stacks = dict.fromkeys(stack for stack, _ in sites)  # in order, once each
     add = parser.add_argument
-    add("--encoder-norm", choices=names, metavar="NORM",
-        help=f"norm at every encoder site; one of {', '.join(names)}")
-    add("--decoder-norm", choices=names, metavar="NORM", help="norm at every decoder site")
-    for (stack, site), dest in SITES.items():
-        add("--" + dest.replace("_", "-"), choices=names, metavar="NORM",
+    for stack in stacks:
+        add(f"--{stack}-norm", choices=names, metavar="NORM",
+            help=f"norm at every {stack} site; one of {', '.join(names)}")
+    for stack, site in sites:
+        add("--" + SITES[(stack, site)].replace("_", "-"), choices=names, metavar="NORM",
             help=f"override the {stack} {site.replace('_', '-')} site (default: --{stack}-norm)")
     add("--norm-eps", type=_number(float, lambda v: v > 0, "> 0"),
         help="epsilon of every plugin norm (default: each norm's own)")
@@ -83,7 +86,7 @@ def add_norm_args(parser):
     add("--attn-init", choices=["fairseq", "kaiming"],
         help="attention projections: fairseq's Xavier init (default), or kaiming: nn.Linear's "
              "default weights (kaiming_uniform, a=sqrt(5)) with zero biases, as Xu et al.'s --init_method km")
-    for stack in ("encoder", "decoder"):
+    for stack in stacks:
         add(f"--{stack}-ffn-init", choices=["pytorch", "xavier"],
             help=f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
                  "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)")
@@ -102,7 +105,9 @@ class NormPlan:
 
     @classmethod
     def from_config(cls, cfg) -> "NormPlan":
-        """From fairseq's TransformerConfig (which keeps plugin flags as attributes)."""
+        """From fairseq's TransformerConfig (which keeps plugin flags as attributes) or the flat
+        Namespace fairseq hands a legacy model such as the language model."""
+        cfg = TransformerConfig.from_namespace(cfg)  # a TransformerConfig comes back as it is
         sites = {key: getattr(cfg, dest, None) or getattr(cfg, f"{key[0]}_norm", None) or "layer"
                  for key, dest in SITES.items()}
         options = {kw: getattr(cfg, flag) for flag, kw in NORM_OPTION_FLAGS.items()

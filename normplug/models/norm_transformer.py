@@ -1,5 +1,6 @@
 """``norm_transformer``: fairseq's Transformer with every norm site built from the normplug
-registry and handed the padding mask of its stream.
+registry and handed the padding mask of its stream. Its decoder, without cross-attention, is
+also the language model's (norm_transformer_lm.py).
 
 The layers keep fairseq's attribute names (``self_attn_layer_norm``,
 ``encoder_attn_layer_norm``, ``final_layer_norm``), so a LayerNorm model's state dict
@@ -14,11 +15,10 @@ from torch import Tensor, nn
 
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, TransformerModel
-from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..norms import BatchStatNorm, NormConfigError
-from ..rbn import check_weights
+from .norm_model import NormModel
 from .norm_plan import NormPlan, add_norm_args
 
 
@@ -199,8 +199,9 @@ class NormTransformerDecoder(TransformerDecoder):
             if isinstance(module, BatchStatNorm) and module.uses_batch_stats_in_eval:
                 raise NormConfigError(
                     f"decoder norm {name!r} ({module.norm_name}) normalises with test-batch statistics, "
-                    "which incremental decoding (one token at a time) cannot provide; use "
-                    "--bn-test-stats population, or keep batch norms out of the decoder")
+                    "which incremental decoding (one token at a time) cannot provide and which pool "
+                    "future tokens in a language model; use --bn-test-stats population, or keep "
+                    "batch norms out of a translation decoder")
 
     def upgrade_state_dict_named(self, state_dict, name):
         _rename_final_norm(state_dict, name)
@@ -214,30 +215,13 @@ def _rename_final_norm(state_dict, name):
 
 
 @register_model("norm_transformer")
-class NormTransformerModel(TransformerModel):
+class NormTransformerModel(NormModel, TransformerModel):
     """Transformer whose every norm site comes from the normplug registry."""
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         add_norm_args(parser)
-
-    @classmethod
-    def build_model(cls, args, task):
-        try:
-            NormPlan.from_config(TransformerConfig.from_namespace(args))  # check before building
-            model = super().build_model(args, task)
-            # RBN weights (present with an RBN criterion) are checked here, before fairseq
-            # starts its data threads: an exit in the middle of training can abort the
-            # interpreter (README, Limitations)
-            check_weights(getattr(args, "rbn_mean_weight", 0), getattr(args, "rbn_var_weight", 0), model)
-        except NormConfigError as err:  # a user's flag combination: one line, no traceback
-            raise SystemExit(f"normplug: error: {err}")
-        if getattr(args, "compile_norms", False):
-            for norm in model.modules():
-                if hasattr(norm, "norm_name"):
-                    norm.compile()  # in place: parameter and buffer names stay as they are
-        return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -247,30 +231,3 @@ class NormTransformerModel(TransformerModel):
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return NormTransformerDecoder(cfg, tgt_dict, embed_tokens,
                                       no_encoder_attn=cfg.no_cross_attention)
-
-    def prepare_for_inference_(self, cfg):
-        # fairseq-generate/-interactive decode incrementally: refuse before any output
-        try:
-            self.decoder.check_incremental_decoding()
-        except NormConfigError as err:
-            raise SystemExit(f"normplug: error: {err}")
-        super().prepare_for_inference_(cfg)
-
-    # -- what the criterion and the tools read -------------------------------------
-
-    def batch_stat_norms(self) -> Dict[str, BatchStatNorm]:
-        """Every norm with batch statistics, by a short site name (``enc0.attn``)."""
-        return {site_name(name): m for name, m in self.named_modules() if isinstance(m, BatchStatNorm)}
-
-
-_SITE_SHORT = {"self_attn_layer_norm": "attn", "encoder_attn_layer_norm": "cross",
-               "final_layer_norm": "ffn", "final_norm": "final"}
-
-
-def site_name(module_name: str) -> str:
-    """``encoder.layers.3.final_layer_norm`` -> ``enc3.ffn``; ``decoder.final_norm`` -> ``dec.final``."""
-    parts = module_name.split(".")
-    stack = {"encoder": "enc", "decoder": "dec"}.get(parts[0], parts[0])
-    if len(parts) == 4 and parts[1] == "layers":
-        return f"{stack}{parts[2]}.{_SITE_SHORT.get(parts[3], parts[3])}"
-    return f"{stack}." + ".".join(_SITE_SHORT.get(p, p) for p in parts[1:])

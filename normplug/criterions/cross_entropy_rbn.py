@@ -1,0 +1,23 @@
+"""``cross_entropy_rbn``: fairseq's ``cross_entropy`` (the language model's loss) plus the
+Regularized-BN penalty of Wang, Wu & Huang (NeurIPS 2022), with training–inference
+discrepancy (TID) logging (normplug/rbn.py). At zero weights it is ``cross_entropy``, bit for bit."""
+from dataclasses import dataclass
+
+from fairseq.criterions import register_criterion
+from fairseq.criterions.cross_entropy import CrossEntropyCriterion, CrossEntropyCriterionConfig
+
+from ..rbn import RBNPenalty, RBNWeights
+
+
+@dataclass
+class CrossEntropyRBNConfig(CrossEntropyCriterionConfig, RBNWeights):
+    pass
+
+
+@register_criterion("cross_entropy_rbn", dataclass=CrossEntropyRBNConfig)
+class CrossEntropyRBNCriterion(RBNPenalty, CrossEntropyCriterion):
+    """Cross entropy + RBN penalty; logs task loss, penalty and TID apart."""
+
+    def __init__(self, task, sentence_avg, rbn_mean_weight=0.0, rbn_var_weight=0.0):
+        super().__init__(task, sentence_avg)
+        self.init_rbn(rbn_mean_weight, rbn_var_weight)
