@@ -1,7 +1,8 @@
 """configs/*.yaml: every published row has a config, its notes name the released script it
 follows (no test restates a config's values), and fairseq-train accepts its
 arguments (parsed in-process; model and criterion built and run on a tiny corpus with
-shrunk dimensions). The driver's own behaviour is tested in tests/test_recipes.py."""
+shrunk dimensions: the translation corpus, or the language-model one). The driver's own
+behaviour is tested in tests/test_recipes.py."""
 import functools
 import math
 import re
@@ -29,37 +30,44 @@ def _recipe(path):
     return load_config(path)
 
 
-# every published translation row: (dataset, setting, norm) -> BLEU. Xu et al.'s are in the
-# authors' poster (lancopku/AdaNorm adanorm_poster.pdf, Tables 1-3): En-Vi LN-simple is 31.6
+# every published row: (paper, dataset, setting, norm) -> BLEU or perplexity. Xu et al.'s are in
+# the authors' poster (lancopku/AdaNorm adanorm_poster.pdf, Tables 1-3): En-Vi LN-simple is 31.6.
+# Shen et al.'s language-model rows: their table's Tensor-Transformer_1core + LN / + PN.
 PUBLISHED = {
-    ("IWSLT14 De-En", "Post-Norm", "BN"): 34.0,
-    ("IWSLT14 De-En", "Post-Norm", "RBN"): 35.5,
-    ("IWSLT14 De-En", "Post-Norm", "BN, test-time batch stats"): 34.8,
-    ("IWSLT14 De-En", "Pre-Norm", "BN"): 34.8,
-    ("IWSLT14 De-En", "Pre-Norm", "BN, test-time batch stats"): 27.2,
-    ("WMT16 En-De", "Post-Norm", "LN"): 27.3,
-    ("WMT16 En-De", "Post-Norm", "BN"): 25.0,
-    ("WMT16 En-De", "Post-Norm", "RBN"): 26.5,
-    ("IWSLT14 De-En", "Pre-Norm", "LN", "xu"): 35.5,
-    ("IWSLT14 De-En", "Pre-Norm", "LN-simple"): 35.5,
-    ("IWSLT14 De-En", "Pre-Norm", "DetachNorm"): 33.9,
-    ("IWSLT14 De-En", "Pre-Norm", "AdaNorm"): 35.6,
-    ("IWSLT14 De-En", "Pre-Norm", "no norm"): 34.0,
-    ("IWSLT15 En-Vi", "Pre-Norm", "LN"): 31.2,
-    ("IWSLT15 En-Vi", "Pre-Norm", "LN-simple"): 31.6,
-    ("IWSLT15 En-Vi", "Pre-Norm", "AdaNorm"): 31.4,
-    ("IWSLT14 De-En", "Pre-Norm", "LN", "shen"): 35.5,
-    ("IWSLT14 De-En", "Pre-Norm", "PowerNorm"): 35.9,
-    ("WMT14 En-De", "Pre-Norm", "LN"): 29.5,
-    ("WMT14 En-De", "Pre-Norm", "PowerNorm"): 30.1,
+    ("wang2022", "IWSLT14 De-En", "Post-Norm", "BN"): 34.0,
+    ("wang2022", "IWSLT14 De-En", "Post-Norm", "RBN"): 35.5,
+    ("wang2022", "IWSLT14 De-En", "Post-Norm", "BN, test-time batch stats"): 34.8,
+    ("wang2022", "IWSLT14 De-En", "Pre-Norm", "BN"): 34.8,
+    ("wang2022", "IWSLT14 De-En", "Pre-Norm", "BN, test-time batch stats"): 27.2,
+    ("wang2022", "WMT16 En-De", "Post-Norm", "LN"): 27.3,
+    ("wang2022", "WMT16 En-De", "Post-Norm", "BN"): 25.0,
+    ("wang2022", "WMT16 En-De", "Post-Norm", "RBN"): 26.5,
+    ("wang2022", "PTB", "Post-Norm", "LN"): 53.2,
+    ("wang2022", "PTB", "Post-Norm", "BN"): 45.9,
+    ("wang2022", "PTB", "Post-Norm", "RBN"): 44.6,
+    ("wang2022", "WikiText-103", "Post-Norm", "BN"): 17.2,
+    ("wang2022", "WikiText-103", "Post-Norm", "RBN"): 17.1,
+    ("xu2019", "IWSLT14 De-En", "Pre-Norm", "LN"): 35.5,
+    ("xu2019", "IWSLT14 De-En", "Pre-Norm", "LN-simple"): 35.5,
+    ("xu2019", "IWSLT14 De-En", "Pre-Norm", "DetachNorm"): 33.9,
+    ("xu2019", "IWSLT14 De-En", "Pre-Norm", "AdaNorm"): 35.6,
+    ("xu2019", "IWSLT14 De-En", "Pre-Norm", "no norm"): 34.0,
+    ("xu2019", "IWSLT15 En-Vi", "Pre-Norm", "LN"): 31.2,
+    ("xu2019", "IWSLT15 En-Vi", "Pre-Norm", "LN-simple"): 31.6,
+    ("xu2019", "IWSLT15 En-Vi", "Pre-Norm", "AdaNorm"): 31.4,
+    ("shen2020", "IWSLT14 De-En", "Pre-Norm", "LN"): 35.5,
+    ("shen2020", "IWSLT14 De-En", "Pre-Norm", "PowerNorm"): 35.9,
+    ("shen2020", "WMT14 En-De", "Pre-Norm", "LN"): 29.5,
+    ("shen2020", "WMT14 En-De", "Pre-Norm", "PowerNorm"): 30.1,
+    ("shen2020", "PTB", "Post-Norm", "LN"): 57.2,
+    ("shen2020", "PTB", "Post-Norm", "PowerNorm"): 51.6,
+    ("shen2020", "WikiText-103", "Post-Norm", "LN"): 20.9,
+    ("shen2020", "WikiText-103", "Post-Norm", "PowerNorm"): 17.9,
 }
 
 
 def _row_key(r):
-    key = (r.dataset, r.setting, r.norm)
-    if key == ("IWSLT14 De-En", "Pre-Norm", "LN"):
-        key += ("xu" if r.name.startswith("xu") else "shen",)
-    return key
+    return (r.name.split("-")[0], r.dataset, r.setting, r.norm)
 
 
 def test_every_published_row_has_exactly_one_config():
@@ -76,25 +84,38 @@ def test_every_published_row_has_exactly_one_config():
     assert set(rows) == set(PUBLISHED), set(PUBLISHED) - set(rows)
 
 
+# the fairseq-train flags every config of a task sets: the recipe written out, not left to defaults
+REQUIRED_TRAIN = {
+    "translation": ("arch", "optimizer", "lr", "lr-scheduler", "criterion", "label-smoothing", "max-tokens",
+                    "dropout", "seed", "share-all-embeddings", "clip-norm", "weight-decay", "adam-betas"),
+    "language_modeling": ("arch", "optimizer", "lr", "lr-scheduler", "criterion", "tokens-per-sample",
+                          "batch-size", "sample-break-mode", "dropout", "seed", "clip-norm", "weight-decay",
+                          "adam-betas"),
+}
+RBN_CRITERIA = {"label_smoothed_cross_entropy_rbn", "cross_entropy_rbn", "adaptive_loss_rbn"}
+
+
 @pytest.mark.parametrize("path", ALL, ids=_id)
 def test_config_is_complete(path):
     r = _recipe(path)
     assert r.name == path.stem or path.parent.name == "demo"
     assert r.notes and all(n.strip() for n in r.notes)
     assert r.paper and r.metric
-    for key in ("arch", "optimizer", "lr", "lr-scheduler", "criterion", "label-smoothing",
-                "max-tokens", "dropout", "seed", "share-all-embeddings", "clip-norm",
-                "weight-decay", "adam-betas"):
+    for key in REQUIRED_TRAIN[r.task]:
         assert key in r.train, f"{path.name}: train.{key} missing"
     assert {"max-epoch", "max-update", "patience"} & set(r.train)  # a stopping rule
     if r.published is not None:
-        assert "BLEU" in r.metric
+        assert ("BLEU" if r.task == "translation" else "perplexity") in r.metric
     if "rbn" in r.train["arch"]:
-        assert r.train["criterion"] == "label_smoothed_cross_entropy_rbn"
+        assert r.train["criterion"] in RBN_CRITERIA
         assert "rbn-mean-weight" in r.train and "rbn-var-weight" in r.train
 
 
 RELEASES = ("wjxts/RegularizedBN@57a5394", "lancopku/AdaNorm@546faea", "sIncerass/powernorm@9ea6226")
+# no release holds the language-model code: the configs follow the scripts of the codebase the
+# papers edited (Ma et al. 2019), one per corpus
+LM_SCRIPTS = {"PTB": "szhangtju/The-compression-of-Transformer@c614f39 BTD-Transformer/run_ptb.sh",
+              "WikiText-103": "szhangtju/The-compression-of-Transformer@c614f39 BTD-Transformer/run_wt103.sh"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_id)
@@ -104,16 +125,18 @@ def test_notes_cite_the_release_and_the_published_number(path):
     released = first.startswith("Release: ") and any(rel in first for rel in RELEASES)
     assert released or first.startswith("No script was released"), first
     assert re.search(r"\.sh|README\.md", first), "the note names the script's path"
+    if r.task == "language_modeling":
+        assert LM_SCRIPTS[r.dataset] in first
     published = [n for n in r.notes if n.startswith("Published: ")]
     assert len(published) == 1 and published[0].startswith(
         f"Published: {r.published}" if r.published is not None else "Published: none")
-    if released:  # what still differs from the script, item by item
+    if released or r.task == "language_modeling":  # what still differs from the script, item by item
         assert any(n.startswith("Differs") for n in r.notes)
 
 
 def _prepare_default(script, var):
     text = (REPO / "scripts" / script).read_text()
-    return re.search(rf"^{var}=(\S+)", text, re.M).group(1)
+    return re.search(rf"^{var}=(\S*)", text, re.M).group(1)
 
 
 DATA_OF = {
@@ -121,18 +144,24 @@ DATA_OF = {
     "WMT16 En-De": ("prepare-wmt16.sh", "en", "de"),
     "IWSLT15 En-Vi": ("prepare-iwslt15-envi.sh", "en", "vi"),
     "WMT14 En-De": ("prepare-wmt14.sh", "en", "de"),
+    "PTB": ("prepare-ptb.sh", None, None),
+    "WikiText-103": ("prepare-wikitext103.sh", None, None),
 }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_id)
 def test_data_is_what_the_prepare_script_makes_by_default(path):
-    """Path, languages, the BPE to remove and the casing of scripts/prepare-*.sh's defaults."""
+    """Path, languages, the BPE to remove and the casing of scripts/prepare-*.sh's defaults; a
+    language model's words as prepared, with no BPE to remove."""
     from prepare_text import REMOVE_BPE
 
     r = _recipe(path)
     script, src, tgt = DATA_OF[r.dataset]
     assert r.data == "data/data-bin/" + _prepare_default(script, "PL_DEST_NAME")
     assert (r.source_lang, r.target_lang) == (src, tgt)
+    if r.task == "language_modeling":
+        assert _prepare_default(script, "PL_BPE") == ""  # word level: perplexity per word
+        return
     assert r.evaluate["remove_bpe"] == REMOVE_BPE[_prepare_default(script, "PL_BPE")]
     assert r.evaluate["lowercase"] == (_prepare_default(script, "PL_LOWERCASED") == "1")
 
@@ -151,6 +180,10 @@ def test_training_keeps_what_evaluation_decodes(path):
         assert t["max-update"] % t["save-interval-updates"] == 0  # the last one is the final model
     if "patience" in t:
         assert "save-interval-updates" not in t and "validate-interval-updates" not in t
+    if ev.get("checkpoint") == "best":  # fairseq writes checkpoint_best.pt when it saves after a validation
+        assert not t.get("disable-validation") and not t.get("no-save")
+        if "validate-interval-updates" in t:
+            assert t.get("save-interval-updates") == t["validate-interval-updates"]
 
 
 def test_shared_trainings_are_identical_trainings():
@@ -188,7 +221,9 @@ def test_full_size_arguments_parse(path, tiny_data, tmp_path):
     assert args.user_dir == str(recipes.PLUGIN_DIR) and args.cpu
     assert args.arch in ARCH_MODEL_REGISTRY and args.criterion in CRITERION_REGISTRY
     # the row's setting is the model's: Pre-Norm normalises each sublayer's input
-    assert args.encoder_normalize_before == args.decoder_normalize_before == (r.setting == "Pre-Norm")
+    assert args.decoder_normalize_before == (r.setting == "Pre-Norm")
+    if r.task == "translation":
+        assert args.encoder_normalize_before == (r.setting == "Pre-Norm")
     for key, value in r.train.items():
         parsed = getattr(args, key.replace("-", "_"))
         if isinstance(parsed, list) and len(parsed) == 1:
@@ -199,23 +234,40 @@ def test_full_size_arguments_parse(path, tiny_data, tmp_path):
             assert math.isclose(float(parsed), float(value)), key
 
 
+# Each task's tiny corpus and the arguments that shrink a config's model to run on it in a
+# second: the translation corpus (source and target sides), and the language-model one, whose
+# 40-type dictionary takes adaptive-softmax bands at 10 and 20 types.
+TINY_EXTRA = {
+    "translation": [*TINY_MODEL, "--source-lang", "src", "--target-lang", "tgt"],
+    "language_modeling": ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+                          "--decoder-attention-heads", "2"],
+}
+TINY_ADAPTIVE = ["--adaptive-softmax-cutoff", "10,20", "--adaptive-input-cutoff", "10,20"]  # WikiText-103's
+
+
+def _tiny_argv(r, data, save_dir="unused"):
+    extra = TINY_EXTRA[r.task] + (TINY_ADAPTIVE if r.dataset == "WikiText-103" else [])
+    return recipes.train_argv(r, save_dir=save_dir, extra=extra, data=data, gpu=False, exe=False)
+
+
 @pytest.fixture(scope="module")
-def tiny_task(tiny_data):
-    """The translation task on the tiny corpus and one of its batches (padding on both sides);
-    every config's task reads the same files."""
+def tiny_tasks(tiny_data, lm_data):
+    """Each task on its tiny corpus and one of its batches (padding on both sides for
+    translation; windows of the PTB configs' length for language models, which every LM
+    config's positions hold); every config of a task reads the same files."""
     from fairseq import tasks
 
-    r = _recipe(ALL[0])
-    args = _parse(recipes.train_argv(r, save_dir="unused", extra=TINY_EXTRA, data=tiny_data,
-                                     gpu=False, exe=False))
-    task = tasks.setup_task(args)
-    task.load_dataset("valid")
-    itr = task.get_batch_iterator(dataset=task.dataset("valid"), max_tokens=400,
-                                  seed=1).next_epoch_itr(shuffle=False)
-    return task, next(iter(itr))
+    out = {}
+    for name, data in (("translation", tiny_data), ("language_modeling", lm_data)):
+        r = next(_recipe(p) for p in ALL if _recipe(p).task == name)
+        task = tasks.setup_task(_parse(_tiny_argv(r, data)))
+        task.load_dataset("valid")
+        itr = task.get_batch_iterator(dataset=task.dataset("valid"), max_tokens=400,
+                                      seed=1).next_epoch_itr(shuffle=False)
+        out[name] = (task, next(iter(itr)), data)
+    return out
 
 
-TINY_EXTRA = [*TINY_MODEL, "--source-lang", "src", "--target-lang", "tgt"]
 # the norm a published row is about (the model may use LayerNorm elsewhere)
 ROW_NORM = {"LN": "layer", "LN-simple": "layer_simple", "DetachNorm": "detach", "AdaNorm": "adanorm",
             "no norm": "identity", "BN": "batch", "RBN": "batch", "PowerNorm": "power"}
@@ -227,17 +279,16 @@ def _row_norm(r):
 
 
 @pytest.mark.parametrize("path", ALL, ids=_id)
-def test_dry_run_builds_and_runs_model_and_criterion(path, tiny_task, tiny_data, tmp_path):
+def test_dry_run_builds_and_runs_model_and_criterion(path, tiny_tasks, tmp_path):
     """The config's model and criterion, built by fairseq from its parsed command line (tiny
     dimensions), take a training step: finite loss and gradients. The model holds its row's
     norm; published rows whose model has batch statistics log every such layer's TID; RBN rows
     add a penalty, the others none; the model as evaluated (with the evaluation's
     --model-overrides) runs, with test-batch statistics exactly in the rows about them."""
     r = _recipe(path)
-    args = _parse(recipes.train_argv(r, save_dir=tmp_path, extra=TINY_EXTRA, data=tiny_data,
-                                     gpu=False, exe=False))
-    assert args.encoder_embed_dim == 16  # the extra arguments won
-    task, sample = tiny_task
+    task, sample, data = tiny_tasks[r.task]
+    args = _parse(_tiny_argv(r, data, save_dir=tmp_path))
+    assert args.decoder_embed_dim == 16  # the extra arguments won
     torch.manual_seed(0)
     model = task.build_model(args)
     criterion = task.build_criterion(args)
@@ -251,7 +302,7 @@ def test_dry_run_builds_and_runs_model_and_criterion(path, tiny_task, tiny_data,
     if "rbn_penalty" in logs or _row_norm(r) == "RBN":
         assert (logs["rbn_penalty"] > 0) == (_row_norm(r) == "RBN")
     assert ROW_NORM[_row_norm(r)] in {m.norm_name for m in model.modules() if hasattr(m, "norm_name")}
-    overrides = r.evaluate["model_overrides"] or {}
+    overrides = r.evaluate.get("model_overrides") or {}
     for key, value in overrides.items():
         setattr(args, key, value)
     model = task.build_model(args) if overrides else model
@@ -264,7 +315,7 @@ def test_dry_run_builds_and_runs_model_and_criterion(path, tiny_task, tiny_data,
 
 
 @pytest.mark.slow
-def test_fairseq_train_configuration_of_every_config(tiny_data, tmp_path):
+def test_fairseq_train_configuration_of_every_config(tiny_data, lm_data, tmp_path):
     """fairseq-train turns the parsed arguments into its hydra configuration before it builds
     anything: every config's command survives that step and builds its model and criterion."""
     from fairseq import tasks
@@ -272,8 +323,7 @@ def test_fairseq_train_configuration_of_every_config(tiny_data, tmp_path):
 
     for path in ALL:
         r = _recipe(path)
-        args = _parse(recipes.train_argv(r, save_dir=tmp_path, extra=TINY_EXTRA, data=tiny_data,
-                                         gpu=False, exe=False))
+        args = _parse(_tiny_argv(r, tiny_data if r.task == "translation" else lm_data, save_dir=tmp_path))
         cfg = convert_namespace_to_omegaconf(args)
         task = tasks.setup_task(cfg.task)
         assert task.build_model(cfg.model) is not None and task.build_criterion(cfg.criterion) is not None

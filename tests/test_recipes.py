@@ -17,6 +17,7 @@ from recipes import ConfigError, load_config
 GOOD = (REPO / "configs" / "demo" / "bn.yaml").read_text()
 XU = REPO / "configs" / "xu2019-iwslt14-deen-pre-ln.yaml"  # update-freq 2
 WMT = REPO / "configs" / "wang2022-wmt16-ende-post-ln.yaml"
+LM = REPO / "configs" / "wang2022-ptb-post-ln.yaml"
 
 
 def value(argv, flag):
@@ -143,12 +144,72 @@ def test_sacrebleu_of_detokenized_text():
     assert s == pytest.approx(100.0) and sig.startswith("nrefs:1|case:lc|")
 
 
-def test_a_task_without_evaluation_is_refused(tmp_path):
-    """Evaluation is chosen by the fairseq task; translation is the one there is."""
-    path = tmp_path / "lm.yaml"
-    path.write_text(GOOD.replace("  seed: 1\n", "  seed: 1\n  task: language_modeling\n"))
-    with pytest.raises(ConfigError, match=r"task 'language_modeling' has no evaluation here \(known: translation\)"):
-        recipes.evaluate(load_config(path), tmp_path)
+def test_a_task_without_recipes_is_refused(tmp_path):
+    """The fairseq task picks the config's keys and its evaluation: translation or language_modeling."""
+    path = tmp_path / "s2t.yaml"
+    path.write_text(GOOD.replace("  seed: 1\n", "  seed: 1\n  task: speech_to_text\n"))
+    with pytest.raises(ConfigError, match=r"train: task 'speech_to_text' has no recipes here "
+                                          r"\(known: translation, language_modeling\)"):
+        load_config(path)
+
+
+# --------------------------------------------------------------------------- language models
+
+def test_language_model_command_lines():
+    """fairseq-train gets no languages; fairseq-eval-lm scores windows of the training length:
+    without overlap or extra context (the published figure), and fairseq's sliding window."""
+    r = load_config(LM)
+    assert r.task == "language_modeling" and r.source_lang is None
+    train = recipes.train_argv(r, gpu=False, exe=False)
+    assert "--source-lang" not in train and value(train, "--task") == "language_modeling"
+    length = str(r.train["tokens-per-sample"])
+    for context in (0, r.evaluate["context_window"]):
+        argv = recipes.eval_lm_argv(r, "best.pt", context, gpu=False)
+        assert value(argv, "--tokens-per-sample") == length and value(argv, "--context-window") == str(context)
+        assert value(argv, "--sample-break-mode") == "none" and value(argv, "--path") == "best.pt"
+        assert value(argv, "--gen-subset") == "test" and "--cpu" in argv
+        assert value(argv, "--batch-size") == str(r.evaluate["batch_size"])
+    assert "--cpu" not in recipes.eval_lm_argv(r, "best.pt", 0, gpu=True)
+
+
+EVAL_LM_LOG = """\
+2026-12-05 03:25:36 | INFO | fairseq_cli.eval_lm | num. model params: 9,824
+2026-12-05 03:25:36 | INFO | fairseq_cli.eval_lm | data-bin/ptb test 2,577 examples
+2026-12-05 03:25:37 | INFO | fairseq_cli.eval_lm | Evaluated 82,430 tokens in 3.1s (26590.32 tokens/s)
+2026-12-05 03:25:37 | INFO | fairseq_cli.eval_lm | Loss (base 2): 5.7234, Perplexity: 52.84
+"""
+
+
+def test_parse_eval_lm_output():
+    assert recipes.parse_eval_lm(EVAL_LM_LOG) == (82430, 5.7234)
+    for broken in (EVAL_LM_LOG.replace("Loss (base 2)", "Loss"), EVAL_LM_LOG.replace("Evaluated", "Scored"),
+                   EVAL_LM_LOG + EVAL_LM_LOG):
+        with pytest.raises(RuntimeError, match="no single 'Evaluated N tokens' and 'Loss \\(base 2\\)' line"):
+            recipes.parse_eval_lm(broken)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("data: ", "source_lang: en\ndata: "), r"unknown key 'source_lang' \(valid keys: name, "),
+    (lambda t: t.replace("  gen_subset: test\n", "  gen_subset: test\n  beam: 5\n"),
+     r"evaluate: unknown key 'beam' \(valid keys: checkpoint, average_last_epochs, average_last_updates, "
+     r"gen_subset, batch_size, context_window\)"),
+    (lambda t: re.sub(r"  context_window: \d+", "  context_window: 32", t),
+     r"evaluate: 'context_window' must be in 1 \.\. 31 \(the training length 32 minus at least one scored "
+     r"token\), got 32"),
+    (lambda t: re.sub(r"  context_window: \d+", "  context_window: 0", t), r"'context_window' must be in 1 \.\. 31"),
+    (lambda t: re.sub(r"  context_window: \d+.*\n", "", t), r"evaluate: missing key 'context_window'"),
+    (lambda t: re.sub(r"  tokens-per-sample: \d+\n", "", t),
+     r"train: 'tokens-per-sample' must be set to the training length \(an integer >= 2; evaluation uses "
+     r"windows of that length\), got None"),
+])
+def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(edit(LM.read_text()))
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(str(bad)), text
+    assert re.search(message, text), text
 
 
 # --------------------------------------------------------------------------- bad configs

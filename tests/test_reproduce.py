@@ -1,9 +1,11 @@
 """scripts/reproduce.sh: end to end on the tiny corpus (two tiny configs, a handful of
 updates each, one averaging epoch and one update checkpoints), a finished run reused,
 and the table of every row -- run, shortened, not run, failed, stale, on several GPUs --
-with --table-only."""
+with --table-only; language models end to end on the tiny LM corpus, their perplexities
+against an independent float64 computation, and their rows in the same table."""
 import csv
 import json
+import math
 import os
 import re
 import subprocess
@@ -77,6 +79,65 @@ def write_config(folder, name, norm, arch, published, data, rbn=False, updates=F
     path.write_text(TINY_CONFIG.format(name=name, norm=norm, arch=arch, published=published,
                                        data=data, criterion=criterion, checkpoints=checkpoints,
                                        choice=choice))
+    return path
+
+
+TINY_LM_CONFIG = """\
+name: {name}
+dataset: tiny LM (tests/conftest.py)
+setting: Post-Norm
+norm: {norm}
+paper: "test paper {norm}"
+published: {published}
+metric: "test perplexity on the tiny LM corpus"
+data: {data}
+train:
+  task: language_modeling
+  arch: {arch}
+  decoder-layers: 1
+  decoder-embed-dim: 32
+  decoder-ffn-embed-dim: 64
+  decoder-attention-heads: 2
+  dropout: 0.0
+  sample-break-mode: none
+  tokens-per-sample: 8
+  batch-size: 12
+  required-batch-size-multiple: 1
+  optimizer: adam
+  adam-betas: "(0.9, 0.999)"
+  lr: 0.005
+  lr-scheduler: cosine
+  warmup-updates: 0
+  min-lr: 0.0
+  max-update: 150
+  clip-norm: 0.25
+  weight-decay: 0.0
+  criterion: {criterion}
+  seed: 1111
+  validate-interval-updates: 50
+  save-interval-updates: 50
+  keep-interval-updates: 1
+  validate-interval: 1000000
+  no-epoch-checkpoints: true
+  num-workers: 0
+  data-buffer-size: 0
+  log-format: simple
+  log-interval: 10
+evaluate:
+  checkpoint: best
+  batch_size: 10
+  context_window: 4
+notes:
+  - "test config"
+"""
+
+
+def write_lm_config(folder, name, norm, arch, published, data, criterion="cross_entropy"):
+    """A tiny language-model config: 150 updates of windows of 8 tokens, validated and saved
+    every 50; evaluated on checkpoint_best.pt, the sliding window with 4 tokens of context."""
+    path = folder / f"{name}.yaml"
+    path.write_text(TINY_LM_CONFIG.format(name=name, norm=norm, arch=arch, published=published, data=data,
+                                          criterion=criterion))
     return path
 
 
@@ -230,3 +291,90 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
                            "--table-only", str(configs["full"]), "--out", str(out), "--", "--lr", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "normplug: error: --table-only trains nothing" in proc.stderr
+
+
+def test_table_of_language_model_rows(tmp_path, lm_data):
+    """Perplexity rows in the same table: lower is better, Δ = ours − published (negative: better
+    than the paper), fairseq's sliding-window figure beside it, labelled with its context."""
+    import recipes
+
+    configs = [write_lm_config(tmp_path, name, "LN", "transformer_lm_ptb_ln", 6.0, lm_data)
+               for name in ("lm-run", "lm-never")]
+    out = tmp_path / "out"
+    (out / "lm-run").mkdir(parents=True)
+    (out / "lm-run" / "scores-lm-run.json").write_text(json.dumps({
+        "perplexity": 5.9, "sliding_window_perplexity": 5.72, "sliding_window_context": 4,
+        "averaged": ["checkpoint_best.pt"]}))
+    assert recipes.reproduce(configs, out, table_only=True, log=lambda *a: None) == 0
+    rows, md = table(out)
+    run, never = rows
+    assert (run["metric"], run["better"], run["ours"], run["delta"]) == \
+        ("test perplexity on the tiny LM corpus", "lower", "5.9", "-0.1")
+    assert (run["sliding_window_perplexity"], run["sliding_window_context"], run["sacrebleu"]) == ("5.72", "4", "")
+    assert md[2] == ("| lm-run | tiny LM (tests/conftest.py) | Post-Norm | LN | perplexity ↓ | 6.0 | 5.90 | -0.10 "
+                     "| sliding window, context 4: 5.72 | checkpoint_best.pt | full (training not recorded) |")
+    assert md[3] == ("| lm-never | tiny LM (tests/conftest.py) | Post-Norm | LN | perplexity ↓ | 6.0 | — | — | — "
+                     "| checkpoint_best.pt | not run |")
+    assert "perplexity (↓, lower is better) a negative one" in (out / "results.md").read_text()
+
+
+def reference_perplexity(checkpoint, data, length, context):
+    """exp(mean token loss in nats), float64, written from what fairseq-eval-lm is meant to score:
+    the test split as one stream (an end-of-line token per line), cut into windows of
+    ``length - context`` tokens, each token predicted from the tokens before it in its window and
+    the ``context`` tokens before the window (the first token of the split from the end-of-line
+    symbol). Returns (perplexity, tokens)."""
+    import argparse
+
+    import torch
+    from fairseq import checkpoint_utils, utils
+    from fairseq.data import data_utils
+
+    from conftest import USER_DIR
+
+    utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    model = model.double().eval()
+    dataset = data_utils.load_indexed_dataset(str(data / "test"), task.dictionary)
+    stream = [t for i in range(len(dataset)) for t in dataset[i].tolist()]
+    inputs = [task.dictionary.eos()] + stream[:-1]  # the token before each one
+    scored, nll = length - context, 0.0
+    for start in range(0, len(stream), scored):
+        targets = stream[start:start + scored]
+        window = torch.tensor([inputs[max(0, start - context):start + len(targets)]])
+        with torch.no_grad():
+            lprobs = model.get_normalized_probs(model(window), log_probs=True)[0, -len(targets):]
+        nll -= lprobs.gather(1, torch.tensor(targets)[:, None]).sum().item()
+    return math.exp(nll / len(stream)), len(stream)
+
+
+@pytest.mark.slow
+def test_reproduce_a_language_model_end_to_end(tmp_path, lm_data):
+    """A tiny language model (BN with the RBN penalty) trained and evaluated by reproduce.sh:
+    the checkpoint with the best validation loss, perplexity = exp(mean token loss) on
+    non-overlapping windows of the training length, and fairseq's sliding window beside it,
+    both equal to an independent float64 computation; its row in the table."""
+    config = write_lm_config(tmp_path, "tiny-lm-rbn", "RBN", "transformer_lm_ptb_rbn", 6.0, lm_data,
+                             criterion="cross_entropy_rbn\n  rbn-mean-weight: 0.5\n  rbn-var-weight: 0.1")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), str(config), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,), md = table(out)
+    assert (row["config"], row["status"], row["better"]) == ("tiny-lm-rbn", "full", "lower")
+    run = out / "tiny-lm-rbn"
+    assert "rbn_penalty" in (run / "train.log").read_text()
+    scores = json.loads((run / "scores-tiny-lm-rbn.json").read_text())
+    assert scores["checkpoint"] == str(run / "checkpoint_best.pt")
+    for prefix, context in (("", 0), ("sliding_window_", 4)):
+        expected, tokens = reference_perplexity(run / "checkpoint_best.pt", lm_data, 8, context)
+        assert scores["tokens"] == tokens
+        # fairseq prints the loss in bits to 4 decimals; ours is rounded to 2
+        assert scores[prefix + "perplexity"] == pytest.approx(expected, abs=0.005 + 1e-4 * expected)
+    # every scored token sees at least 4 tokens before it: the model has learned the counting language
+    assert scores["sliding_window_perplexity"] < scores["perplexity"]
+    assert (float(row["ours"]), float(row["sliding_window_perplexity"])) == \
+        (scores["perplexity"], scores["sliding_window_perplexity"])
+    assert float(row["delta"]) == round(scores["perplexity"] - 6.0, 2)
+    assert md[2].startswith("| tiny-lm-rbn | tiny LM (tests/conftest.py) | Post-Norm | RBN | perplexity ↓ | 6.0 | ")
