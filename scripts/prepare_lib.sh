@@ -2,7 +2,8 @@
 # Shared machinery of scripts/prepare-*.sh (sourced, not run); data/README.md describes
 # the checks, the steps and re-runs for users.
 #
-# Options of every script (parsed by pl_parse_args; <P> is IWSLT14, WMT16 or IWSLT15):
+# Options of every script (parsed by pl_parse_args; <P> is the script's dataset: IWSLT14,
+# WMT16, WMT14, IWSLT15, PTB or WT103):
 #   --archive PATH|URL   a local archive (or folder) instead of the download; a URL
 #                        (http[s]://, ftp://, file://) is downloaded. Env <P>_ARCHIVE
 #   --url URL            download from URL instead of the default. Env <P>_URL
@@ -18,7 +19,8 @@
 #   --force              redo every step
 #
 # Downloads are checked before use (pl_verify): the kind of file, whole, then the sha256
-# given, cited (PL_KNOWN_SHA256) or pinned on first use in WORK/archives/NAME.sha256.
+# given, cited (PL_KNOWN_SHA256; PL_KNOWN_MD5 where only an md5 is published) or pinned on
+# first use in WORK/archives/NAME.sha256.
 # `pl_step NAME KEY FUNC ARGS...` runs FUNC with $STEP_OUT an empty OUT.tmp, renames it to
 # OUT (WORK/NAME) when FUNC returns, and only then writes the marker WORK/.state/NAME.done
 # (write-then-rename) with the step's KEY, a fresh id and the id of the step before it: a
@@ -28,7 +30,7 @@
 
 PL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PL_HELPER=$PL_REPO/scripts/prepare_text.py
-declare -A PL_KNOWN_SHA256=() PL_KNOWN_BYTES=()
+declare -A PL_KNOWN_SHA256=() PL_KNOWN_BYTES=() PL_KNOWN_MD5=()
 
 pl_log() { echo "[$PL_NAME] $*" >&2; }
 
@@ -39,10 +41,18 @@ pl_die() {
 }
 
 pl_usage() {
-    # The calling script's leading comment block, then the options every script has.
+    # The calling script's leading comment block, then the options every script has
+    # (a word-level script, PL_BPE empty, has no --bpe options).
     sed -n '2,/^[^#]/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
     echo
-    sed -n '/^# Options of every script/,/^#$/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+    sed -n '/^# Options of every script/,/^#$/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' \
+        | if [ -n "$PL_BPE" ]; then cat; else sed '/--bpe/d'; fi
+}
+
+pl__unknown_option() {  # names the options --help lists
+    local valid
+    valid=$(pl_usage | sed -n 's/^ \{1,\}\(--[a-z0-9-]*\).*/\1/p' | awk '!seen[$0]++' | tr '\n' ' ')
+    pl_die "unknown option '$1'; the options are: ${valid}--help"
 }
 
 pl__abs() { realpath -m -- "$1"; }
@@ -50,7 +60,8 @@ pl__abs() { realpath -m -- "$1"; }
 # --- options -------------------------------------------------------------------
 
 # The calling script sets PL_NAME, PL_ENV (variable prefix), PL_DEFAULT_URL,
-# PL_BPE and PL_BPE_SIZE (defaults), PL_DEST_NAME, and may define
+# PL_BPE and PL_BPE_SIZE (defaults; PL_BPE empty: a word-level corpus, no --bpe options),
+# PL_DEST_NAME, and may define
 # pl_script_option, which handles one script-specific option: it sets PL_SHIFT to
 # the number of words it used and returns 0, or returns 1 for an unknown option.
 pl_parse_args() {
@@ -69,6 +80,7 @@ pl_parse_args() {
     PL_SKIP_SIZE_CHECK=0
     PL_SIZE_CHECK="not run"
     while [ $# -gt 0 ]; do
+        if [ -z "$PL_BPE" ] && { [ "$1" = --bpe ] || [ "$1" = --bpe-size ]; }; then pl__unknown_option "$1"; fi
         case $1 in
             -h|--help) pl_usage; exit 0 ;;
             --archive|--url|--sha256|--sha256-file|--work|--dest|--bpe|--bpe-size|--workers)
@@ -84,17 +96,19 @@ pl_parse_args() {
                 if declare -F pl_script_option >/dev/null && pl_script_option "$@"; then
                     shift "$PL_SHIFT"
                 else
-                    pl_die "unknown option '$1' (see --help)"
+                    pl__unknown_option "$1"
                 fi ;;
         esac
     done
-    case $PL_BPE in
-        subword-nmt|none) ;;
-        *) pl_die "--bpe must be subword-nmt or none, got '$PL_BPE'" ;;
-    esac
-    case $PL_BPE_SIZE in ''|*[!0-9]*) pl_die "--bpe-size must be a whole number, got '$PL_BPE_SIZE'" ;; esac
-    if [ "$PL_BPE" != none ] && [ "$PL_BPE_SIZE" -eq 0 ]; then
-        pl_die "--bpe-size must be over 0 for --bpe $PL_BPE (use --bpe none for no BPE)"
+    if [ -n "$PL_BPE" ]; then
+        case $PL_BPE in
+            subword-nmt|none) ;;
+            *) pl_die "--bpe must be subword-nmt or none, got '$PL_BPE'" ;;
+        esac
+        case $PL_BPE_SIZE in ''|*[!0-9]*) pl_die "--bpe-size must be a whole number, got '$PL_BPE_SIZE'" ;; esac
+        if [ "$PL_BPE" != none ] && [ "$PL_BPE_SIZE" -eq 0 ]; then
+            pl_die "--bpe-size must be over 0 for --bpe $PL_BPE (use --bpe none for no BPE)"
+        fi
     fi
     case $PL_WORKERS in ''|*[!0-9]*|0) pl_die "--workers must be a positive number, got '$PL_WORKERS'" ;; esac
     if [ -n "$PL_SHA256" ]; then
@@ -266,12 +280,13 @@ pl__expected_sha256() {
 }
 
 # pl_verify FILE NAME KIND [DOWNLOADED]: is FILE what its step expects (KIND tgz:
-# gzip-compressed tar; tar: any tar; text: UTF-8 text), whole (`tar -t` reads it to
-# the end), of the cited size, with the expected checksum (or record it on first
-# use)? A bad file that was downloaded is moved aside to FILE.bad so that the next
-# run downloads afresh. The checksum goes into $STEP_OUT/sources.sha256.
+# gzip-compressed tar; tar: any tar; zip; text: UTF-8 text), whole (`tar -t` reads it
+# to the end; a zip's every member is read), of the cited size, with the expected
+# checksum (or record it on first use)? A bad file that was downloaded is moved aside
+# to FILE.bad so that the next run downloads afresh. The checksum goes into
+# $STEP_OUT/sources.sha256.
 pl_verify() {
-    local file=$1 name=$2 kind=$3 downloaded=${4:-0} got want todo err why bytes cited=
+    local file=$1 name=$2 kind=$3 downloaded=${4:-0} got want todo err why bytes cited= md5
     if [ "$downloaded" = 1 ]; then
         todo="it was downloaded from ${PL_SRC_URL:-?} and is now set aside as $file.bad; re-run to download it again, or pass --archive PATH to a good copy"
     else
@@ -284,8 +299,7 @@ pl_verify() {
     [ -s "$file" ] || pl__bad "$file is empty; $todo"
     case $kind in
         tgz) why=$(pl_helper check-kind "$file" gzip) || pl__bad "$file $why; $todo" ;;
-        tar) why=$(pl_helper check-kind "$file" tar) || pl__bad "$file $why; $todo" ;;
-        text) why=$(pl_helper check-kind "$file" text) || pl__bad "$file $why; $todo" ;;
+        tar|zip|text) why=$(pl_helper check-kind "$file" "$kind") || pl__bad "$file $why; $todo" ;;
         *) pl_die "pl_verify: unknown kind '$kind'" ;;
     esac
     want=$(pl__expected_sha256 "$name" "$([ "$downloaded" = 1 ] || printf '%s' "$file")")
@@ -302,6 +316,12 @@ pl_verify() {
             err=$(printf '%s\n' "$err" | grep -v -e 'not recoverable' -e 'Child returned' -e '^[[:space:]]*$' | head -n1 || true)
             pl__bad "$file is corrupt or truncated (${err:-tar cannot read it to the end}); $todo"
         fi
+    fi
+    md5=${PL_KNOWN_MD5[$name]:-}
+    if [ -z "$want" ] && [ -n "$md5" ]; then  # only an md5 is published: check it before pinning a sha256
+        got=$(md5sum <"$file" | cut -d' ' -f1)
+        [ "$got" = "$md5" ] || pl__bad "checksum mismatch for $file: md5 $got, expected $md5 (the published checksum; corrupt, or another version); $todo, or give the sha256 of a copy you trust with --sha256"
+        pl_log "md5 of $name verified ($got)"
     fi
     got=$(sha256sum <"$file" | cut -d' ' -f1)
     if [ -n "$want" ]; then
@@ -379,30 +399,42 @@ pl_check_aligned() { pl_helper check-aligned "$@"; }
 
 # --- published sizes -------------------------------------------------------------
 
-# pl_check_sizes DIR LANG SPLIT=N|SPLIT=LO-HI ...: DIR/SPLIT.LANG must have N lines
-# (or LO..HI). A mismatch stops the run with both figures, unless --skip-size-check.
-pl_check_sizes() {
-    local dir=$1 lang=$2 spec split want n lo hi bad=() good=()
-    shift 2
-    for spec in "$@"; do
-        split=${spec%%=*}; want=${spec#*=}
+# pl_check_figures NAME GOT WANT UNIT [NAME GOT WANT UNIT ...]: each GOT must be WANT (a
+# number, or LO-HI). A mismatch stops the run with both figures ("train has 315 pairs,
+# published 160239"), unless --skip-size-check; PL_SIZE_CHECK records the outcome.
+pl_check_figures() {
+    local name got want unit lo hi bad=() good=() passed failed
+    while [ $# -ge 4 ]; do
+        name=$1 got=$2 want=$3 unit=$4
+        shift 4
         lo=${want%-*}; hi=${want#*-}
-        n=$(wc -l <"$dir/$split.$lang")
-        if [ "$n" -lt "$lo" ] || [ "$n" -gt "$hi" ]; then
-            bad+=("$split has $n pairs, published $want")
+        if [ "$got" -lt "$lo" ] || [ "$got" -gt "$hi" ]; then
+            bad+=("$name has $got $unit, published $want")
         else
-            good+=("$split $n")
+            good+=("$name $got $unit")
         fi
     done
-    if [ ${#bad[@]} -eq 0 ]; then
+    passed=$(printf '%s, ' "${good[@]}") failed=$(printf '%s; ' "${bad[@]}")
+    passed=${passed%, } failed=${failed%; }
+    if [ -z "$failed" ]; then
         PL_SIZE_CHECK=passed
-        pl_log "sizes match the published ones: $(IFS=,; echo "${good[*]}")"
+        pl_log "sizes match the published ones: $passed"
     elif [ "$PL_SKIP_SIZE_CHECK" = 1 ]; then
-        PL_SIZE_CHECK="skipped: $(IFS=';'; echo "${bad[*]}")"
-        pl_log "sizes differ from the published ones ($(IFS=';'; echo "${bad[*]}")); going on (--skip-size-check)"
+        PL_SIZE_CHECK="skipped: $failed"
+        pl_log "sizes differ from the published ones ($failed); going on (--skip-size-check)"
     else
-        pl_die "sizes differ from the published ones: $(IFS=';'; echo "${bad[*]}") (in $dir); the source or a step is not the standard one; pass --skip-size-check to accept a deliberate change"
+        pl_die "sizes differ from the published ones: $failed (in ${PL_CHECKED:-$PL_WORK}); the source or a step is not the standard one; pass --skip-size-check to accept a deliberate change"
     fi
+}
+
+# pl_check_sizes DIR LANG SPLIT=N|SPLIT=LO-HI ...: DIR/SPLIT.LANG must have N lines (or LO..HI).
+pl_check_sizes() {
+    local dir=$1 lang=$2 spec figures=()
+    shift 2
+    for spec in "$@"; do
+        figures+=("${spec%%=*}" "$(wc -l <"$dir/${spec%%=*}.$lang")" "${spec#*=}" pairs)
+    done
+    PL_CHECKED=$dir pl_check_figures "${figures[@]}"
 }
 
 # --- BPE and binarization -------------------------------------------------------
@@ -436,10 +468,28 @@ step_binarize() {
         --destdir "$STEP_OUT" --joined-dictionary --workers "$PL_WORKERS" "$@" \
         || pl_die "fairseq-preprocess failed on $dir (see its messages above)"
     if [ -f "$dir/code" ]; then cp -- "$dir/code" "$STEP_OUT/"; fi
-    pl_helper manifest "$STEP_OUT/prepare.json" --dataset "$PL_DATASET" --bpe "$PL_BPE" \
-        --bpe-size "$PL_BPE_SIZE" --lowercased "$lc" --text-dir "$dir" --src "$src" --tgt "$tgt" \
-        --sources "$PL_WORK/fetch/sources.sha256" --script "$PL_CMDLINE" \
-        --size-check "$PL_SIZE_CHECK" --extra "$extra" || pl_die "cannot write $STEP_OUT/prepare.json"
+    pl__manifest manifest "$extra" --bpe "$PL_BPE" --bpe-size "$PL_BPE_SIZE" --lowercased "$lc" \
+        --text-dir "$dir" --src "$src" --tgt "$tgt"
+}
+
+# pl__manifest COMMAND EXTRA ARGS...: $STEP_OUT/prepare.json by prepare_text.py COMMAND,
+# with what every script records.
+pl__manifest() {
+    pl_helper "$1" "$STEP_OUT/prepare.json" --dataset "$PL_DATASET" --sources "$PL_WORK/fetch/sources.sha256" \
+        --script "$PL_CMDLINE" --size-check "$PL_SIZE_CHECK" --extra "$2" "${@:3}" \
+        || pl_die "cannot write $STEP_OUT/prepare.json"
+}
+
+# pl__binarize_step DIR KEY FUNC ARGS...: step binarize (FUNC on the text in DIR) into
+# PL_DEST, unless --no-binarize.
+pl__binarize_step() {
+    local dir=$1
+    shift
+    if [ "$PL_BINARIZE" = 1 ]; then
+        pl_step --out "$PL_DEST" binarize "$@"
+    else
+        pl_log "--no-binarize: the text for fairseq-preprocess is in $dir (no prepare.json is written)"
+    fi
 }
 
 # pl_bpe_and_binarize DIR SRC TGT MANIFEST_EXTRA [fairseq-preprocess args...]: the
@@ -455,10 +505,55 @@ pl_bpe_and_binarize() {
         pl_step bpe "" step_bpe_apply "$dir" "$src" "$tgt"
         bin_in=$PL_WORK/bpe
     fi
-    if [ "$PL_BINARIZE" = 1 ]; then
-        pl_step --out "$PL_DEST" binarize "dest=$PL_DEST text=$bin_in args=$* extra=$extra sizes=$PL_SIZE_CHECK" \
-            step_binarize "$bin_in" "$src" "$tgt" "$extra" "$@"
-    else
-        pl_log "--no-binarize: the text for fairseq-preprocess is in $bin_in (no prepare.json is written)"
-    fi
+    pl__binarize_step "$bin_in" "dest=$PL_DEST text=$bin_in args=$* extra=$extra sizes=$PL_SIZE_CHECK" \
+        step_binarize "$bin_in" "$src" "$tgt" "$extra" "$@"
+}
+
+# --- language-model corpora -------------------------------------------------------
+
+# step_lm_text ARCHIVE TRAIN VALID TEST: the three members of ARCHIVE (tar or zip), each
+# UTF-8 text -> $STEP_OUT/{train,valid,test}, and their counts -> $STEP_OUT/stats (lm-stats).
+step_lm_text() {
+    local archive=$1 members=("$2" "$3" "$4") names=(train valid test) k why
+    pl_helper extract-members "$archive" "$STEP_OUT" "$2" train "$3" valid "$4" test
+    for k in 0 1 2; do
+        why=$(pl_helper check-kind "$STEP_OUT/${names[k]}" text) || pl_die "${members[k]} in $archive $why"
+    done
+    pl_helper lm-stats "$STEP_OUT/stats" train="$STEP_OUT/train" valid="$STEP_OUT/valid" test="$STEP_OUT/test"
+}
+
+# pl_check_lm_sizes DIR LINES TOKENS VOCABULARY: DIR/stats (step_lm_text) against the
+# published figures, LINES and TOKENS each "TRAIN VALID TEST".
+pl_check_lm_sizes() {
+    local dir=$1 lines tokens figures=() k v s i=0
+    read -ra lines <<<"$2"
+    read -ra tokens <<<"$3"
+    declare -A got=()
+    while read -r k v; do got[$k]=$v; done <"$dir/stats"
+    for s in train valid test; do
+        figures+=("$s" "${got[$s.lines]}" "${lines[$i]}" lines "$s" "${got[$s.tokens]}" "${tokens[$i]}" tokens)
+        i=$((i + 1))
+    done
+    pl_log "tokens are counted as fairseq-preprocess and the published figures count them: the words and one end of sentence a line"
+    PL_CHECKED=$dir pl_check_figures "${figures[@]}" train "${got[vocabulary]}" "$4" "words in its vocabulary (with the end of sentence)"
+}
+
+# step_binarize_lm DIR EXTRA: fairseq-preprocess --only-source on DIR/{train,valid,test}
+# (the dictionary from train, as fairseq's examples/language_model) -> $STEP_OUT, with
+# prepare.json (sizes from DIR/stats).
+step_binarize_lm() {
+    "$PL_FSP" --only-source --trainpref "$1/train" --validpref "$1/valid" --testpref "$1/test" \
+        --destdir "$STEP_OUT" --workers "$PL_WORKERS" || pl_die "fairseq-preprocess failed on $1 (see its messages above)"
+    pl__manifest lm-manifest "$2" --stats "$1/stats" --dict "$STEP_OUT/dict.txt"
+}
+
+# pl_lm_corpus ARCHIVE KIND TRAIN VALID TEST LINES TOKENS VOCABULARY EXTRA: the whole
+# recipe of a language-model script: steps fetch (ARCHIVE, of KIND), text (its members
+# TRAIN VALID TEST), the published sizes (see pl_check_lm_sizes), binarize.
+pl_lm_corpus() {
+    local text=$PL_WORK/text
+    pl_step fetch "$(pl_fetch_key)" pl_fetch_file "$1" "$PL_URL" "$2"
+    pl_step text "" step_lm_text "$(realpath -- "$PL_WORK/fetch/$1")" "$3" "$4" "$5"  # errors name the archive
+    pl_check_lm_sizes "$text" "$6" "$7" "$8"
+    pl__binarize_step "$text" "dest=$PL_DEST text=$text extra=$9 sizes=$PL_SIZE_CHECK" step_binarize_lm "$text" "$9"
 }

@@ -8,12 +8,17 @@ library disagree, the upstream script wins: tests/test_prepare.py requires our o
 byte-identical to theirs (tests/fixtures/*-golden/).
 """
 import argparse
+import codecs
 import datetime
 import itertools
 import json
 import os
 import re
+import shutil
 import sys
+import tarfile
+import zipfile
+import zlib
 
 import regex  # perl's Unicode character classes (a fairseq dependency, in requirements.txt)
 
@@ -87,25 +92,45 @@ def sniff(path):
 
 
 # What each expected kind accepts: a "tar" step unpacks any compressed tar.
-_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}}
-_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file"}
+_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}, "zip": {"zip"}}
+_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file",
+          "zip": "a zip archive"}
 
 
 def check_kind(path, kind):
     """None if ``path`` is of ``kind``, else a description of what it is."""
     got, desc = sniff(path)
     if got in _ACCEPTS[kind]:
-        if kind == "text":  # the whole file, not only its head: a truncated or binary tail
-            with open(path, "rb") as f:
-                data = f.read()
+        if kind == "zip":  # whole: every member read and its CRC checked, as `tar -t` for a tar
             try:
-                data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return f"is not UTF-8 text (byte {e.start})"
-            if b"\x00" in data:
-                return "holds NUL bytes, not text"
+                with zipfile.ZipFile(path) as z:
+                    bad = z.testzip()
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+                return f"is corrupt or truncated ({e})"
+            return f"is corrupt or truncated ({bad} fails its CRC check)" if bad else None
+        if kind == "text":  # the whole file, not only its head: a truncated or binary tail
+            return _text_problem(path)
         return None
     return f"{desc}, not {_NAMES[kind]}"
+
+
+def _text_problem(path):
+    """None if the file is UTF-8 without NUL bytes, else what it is; read in chunks (the
+    WikiText-103 training text is 540 MB)."""
+    decoder, done = codecs.getincrementaldecoder("utf-8")(), 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 22)
+            pending = len(decoder.getstate()[0])  # bytes of a character cut at the last chunk's end
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                return f"is not UTF-8 text (byte {done - pending + e.start})"
+            if not chunk:
+                return None
+            if b"\x00" in chunk:
+                return "holds NUL bytes, not text"
+            done += len(chunk)
 
 
 # --- fairseq examples/translation/prepare-iwslt14.sh -----------------------------------
@@ -598,6 +623,56 @@ def bpe_apply(codes, lines, workers=WORKERS, chunk=5000):
     return _parallel(_bpe_chunk, ((codes, c) for c in chunks(lines, chunk)), workers)
 
 
+# --- language-model corpora (PTB, WikiText-103) -------------------------------------
+
+def extract_members(archive, members, out_dir):
+    """Copy each member of a tar or zip ``archive`` to OUT_DIR/NAME, for ``members`` a list
+    of (path in the archive, NAME); a leading "./" in the archive's names is ignored."""
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as z:
+            found = {i.filename.removeprefix("./"): i for i in z.infolist() if not i.is_dir()}
+            _copy_members(archive, members, out_dir, found, z.open)
+    else:
+        with tarfile.open(archive) as t:
+            found = {i.name.removeprefix("./"): i for i in t.getmembers() if i.isfile()}
+            _copy_members(archive, members, out_dir, found, t.extractfile)
+
+
+def _copy_members(archive, members, out_dir, found, open_member):
+    for path, name in members:
+        if path not in found:
+            raise PrepareError(f"{archive} holds no {path}: it is not the expected archive "
+                               f"(it holds {len(found)} files, e.g. {', '.join(sorted(found)[:3]) or 'none'})")
+        with open_member(found[path]) as src, open(os.path.join(out_dir, name), "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def lm_stats(paths):
+    """{"NAME.lines": ..., "NAME.tokens": ...} for each (NAME, PATH) of ``paths``, and "vocabulary".
+
+    Counted as fairseq-preprocess reads the text (universal newlines, whitespace split):
+    tokens = the words and one end of sentence a line (blank lines too), as its "N tokens"
+    line and the published PTB and WikiText figures count them; vocabulary = the distinct
+    words of the first file (train), plus the end of sentence, as published."""
+    stats, types = {}, set()
+    for k, (name, path) in enumerate(paths):
+        lines = tokens = 0
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                words = line.split()
+                lines += 1
+                tokens += len(words) + 1
+                if k == 0:
+                    types.update(words)
+        stats[f"{name}.lines"], stats[f"{name}.tokens"] = lines, tokens
+    stats["vocabulary"] = len(types) + 1
+    return stats
+
+
+def read_stats(path):
+    return {k: int(v) for k, v in (line.split() for line in read_lines(path))}
+
+
 # --- prepare.json -------------------------------------------------------------------
 
 # The value a config must pass to fairseq-generate --remove-bpe for each BPE type.
@@ -609,19 +684,14 @@ def count_lines(path):
         return sum(1 for _ in f)
 
 
-def write_manifest(out, dataset, bpe, bpe_size, lowercased, text_dir, src, tgt, sources,
-                   script, size_check="", extra=None):
-    """prepare.json, next to the binarized data: what was made and from what."""
+SPLITS = ("train", "valid", "test")
+
+
+def write_manifest(out, dataset, bpe, bpe_size, lowercased, text_dir, src, tgt, **common):
+    """prepare.json of a translation corpus, next to the binarized data."""
     if bpe not in REMOVE_BPE:
         raise PrepareError(f"manifest: unknown bpe type '{bpe}'")
-    sizes = {s: count_lines(os.path.join(text_dir, f"{s}.{src}")) for s in ("train", "valid", "test")}
-    sums = {}
-    if sources and os.path.exists(sources):
-        for line in read_lines(sources):
-            if line.strip():
-                h, name = line.split(None, 1)
-                sums[name.strip()] = h
-    info = {
+    _write_manifest(out, {
         "dataset": dataset,
         "source_lang": src,
         "target_lang": tgt,
@@ -629,12 +699,40 @@ def write_manifest(out, dataset, bpe, bpe_size, lowercased, text_dir, src, tgt, 
         "bpe_size": int(bpe_size) if bpe != "none" else None,
         "remove_bpe": REMOVE_BPE[bpe],
         "lowercased": bool(lowercased),
-        "sizes": sizes,
+        "sizes": {s: count_lines(os.path.join(text_dir, f"{s}.{src}")) for s in SPLITS},
+    }, **common)
+
+
+def write_lm_manifest(out, dataset, stats, dictionary, **common):
+    """prepare.json of a language-model corpus: sizes in lines, tokens as lm_stats counts
+    them, and the size of fairseq's Dictionary (its 4 specials and the dict.txt entries,
+    padding "madeupword"s included)."""
+    st = read_stats(stats)
+    _write_manifest(out, {
+        "dataset": dataset,
+        "bpe": "none",
+        "remove_bpe": None,
+        "sizes": {s: st[f"{s}.lines"] for s in SPLITS},
+        "tokens": {s: st[f"{s}.tokens"] for s in SPLITS},
+        "vocabulary": st["vocabulary"],
+        "dictionary_size": 4 + count_lines(dictionary),
+    }, **common)
+
+
+def _write_manifest(out, info, sources, script, size_check="", extra=None):
+    """prepare.json, next to the binarized data: what was made (``info``) and from what."""
+    sums = {}
+    if sources and os.path.exists(sources):
+        for line in read_lines(sources):
+            if line.strip():
+                h, name = line.split(None, 1)
+                sums[name.strip()] = h
+    info.update({
         "size_check": size_check,
         "sources": sums,
         "script": script,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+    })
     info.update(extra or {})
     with open(out, "w", encoding="utf-8") as f:
         json.dump(info, f, indent=2, ensure_ascii=False)
@@ -737,7 +835,27 @@ def _check_kind(a):
         return 3
 
 
+def _extract_members(a):
+    a.inp = a.archive
+    if len(a.members) % 2:
+        raise PrepareError("extract-members: expects MEMBER NAME pairs, got an odd number")
+    extract_members(a.archive, list(zip(a.members[0::2], a.members[1::2])), a.out_dir)
+
+
+def _lm_stats(a):
+    paths = [f.split("=", 1) for f in a.files]
+    write_lines(a.out, [f"{k} {v}" for k, v in lm_stats(paths).items()])
+
+
+def _common(a):
+    return dict(sources=a.sources, script=a.script, size_check=a.size_check or "", extra=json.loads(a.extra))
+
+
 PAIRS = ("pairs", dict(nargs="+", metavar="IN OUT"))
+# what every prepare.json records (see _write_manifest)
+MANIFEST_ARGS = [("out", {}), ("--dataset", dict(required=True)), ("--script", dict(required=True)),
+                 ("--sources", {}), ("--size-check", {}),
+                 ("--extra", dict(default="{}", help="JSON object merged into the manifest"))]
 # command: (what it does, its arguments, what it runs)
 COMMANDS = {
     "check-kind": ("is FILE what its step expects? If not, print what it is instead, exit 3",
@@ -771,14 +889,20 @@ COMMANDS = {
                   lambda a: bpe_learn(a.codes, a.merges, a.files)),
     "bpe-apply": ("subword-nmt apply-bpe -c CODES", [("codes", {}), PAIRS],
                   lambda a: _map(a, lambda lines: bpe_apply(a.codes, lines))),
-    "manifest": ("write prepare.json (see write_manifest)",
-                 [("out", {}), *[(f"--{k}", dict(required=k not in ("sources", "size-check")))
-                                 for k in ("dataset", "bpe", "bpe-size", "text-dir", "src", "tgt", "sources",
-                                           "script", "size-check")],
-                  ("--lowercased", dict(type=int, choices=(0, 1), required=True)),
-                  ("--extra", dict(default="{}", help="JSON object merged into the manifest"))],
+    "manifest": ("write prepare.json of a translation corpus (see write_manifest)",
+                 [*MANIFEST_ARGS, *[(f"--{k}", dict(required=True)) for k in ("bpe", "bpe-size", "text-dir", "src", "tgt")],
+                  ("--lowercased", dict(type=int, choices=(0, 1), required=True))],
                  lambda a: write_manifest(a.out, a.dataset, a.bpe, a.bpe_size, a.lowercased, a.text_dir, a.src,
-                                          a.tgt, a.sources, a.script, a.size_check or "", json.loads(a.extra))),
+                                          a.tgt, **_common(a))),
+    "extract-members": ("copy members of a tar or zip archive: MEMBER NAME pairs -> OUT_DIR/NAME",
+                        [("archive", {}), ("out_dir", {}), ("members", dict(nargs="+", metavar="MEMBER NAME"))],
+                        _extract_members),
+    "lm-stats": ("lines, tokens (words + one end of sentence a line) of NAME=FILE..., and the vocabulary of "
+                 "the first (its words + the end of sentence) -> OUT, one 'KEY VALUE' a line",
+                 [("out", {}), ("files", dict(nargs="+", metavar="NAME=FILE"))], _lm_stats),
+    "lm-manifest": ("write prepare.json of a language-model corpus (see write_lm_manifest)",
+                    [*MANIFEST_ARGS, ("--stats", dict(required=True)), ("--dict", dict(required=True))],
+                    lambda a: write_lm_manifest(a.out, a.dataset, a.stats, a.dict, **_common(a))),
 }
 
 
@@ -799,6 +923,8 @@ def main(argv=None):
         print(f"ERROR: {a.inp}: not UTF-8 text ({e})", file=sys.stderr)
     except FileNotFoundError as e:
         print(f"ERROR: {e.filename}: no such file", file=sys.stderr)
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError) as e:
+        print(f"ERROR: {a.inp}: corrupt or truncated archive ({e})", file=sys.stderr)
     return REPORTED
 
 

@@ -823,7 +823,7 @@ def test_iwslt15_envi_published_sizes_pass(tmp_path):
     r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "work", "--bpe", "none",
             "--no-binarize")
     assert r.returncode == 0, r.stderr
-    assert "sizes match the published ones: train 133317,valid 1553,test 1268" in r.stderr
+    assert "sizes match the published ones: train 133317 pairs, valid 1553 pairs, test 1268 pairs" in r.stderr
 
 
 # --- WMT14 (Shen et al.'s release): the golden test -----------------------------------
