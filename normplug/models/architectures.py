@@ -15,7 +15,8 @@ with ``_prenorm`` and ``--attention-dropout 0.1 --activation-dropout 0.1`` it is
   encoder's final norm with a warm-up of 1000 updates; LayerNorm elsewhere (Shen et al.'s
   release, ``train-iwslt14.sh power power layer layer``).
 
-Every flag an architecture sets is a default: command-line flags win.
+Every flag an architecture sets is a default: command-line flags win. The language-model
+architectures (architectures_lm.py) are built from the same KINDS.
 """
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
