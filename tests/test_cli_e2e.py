@@ -13,6 +13,7 @@ import importlib
 import re
 import shutil
 import sys
+import warnings
 
 import pytest
 import torch
@@ -56,7 +57,8 @@ def _refused_in_process(tool, args, monkeypatch, capsys):
     cli = importlib.import_module("fairseq_cli." + tool.split("-", 1)[1])
     monkeypatch.setattr(sys, "argv", [tool, *map(str, args)])
     capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as PYTHONWARNINGS=ignore in run_cli's processes
         cli.cli_main()
     out, err = capsys.readouterr()
     code = stop.value.code
