@@ -22,8 +22,6 @@ from conftest import USER_DIR, run_cli, train_args
 
 from normplug.checkpoints import SAFE_GLOBALS
 
-pytestmark = pytest.mark.slow
-
 PRE_NORM = [
     "--encoder-normalize-before", "--decoder-normalize-before",
     "--encoder-attn-norm", "batch", "--encoder-ffn-norm", "detach", "--encoder-final-norm", "power",
@@ -74,6 +72,7 @@ def pre_norm_run(tiny_data, tmp_path_factory):
     return save, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_every_site_trains_logs_and_decodes(tiny_data, pre_norm_run):
     save, log = pre_norm_run
     checkpoint = save / "checkpoint_last.pt"
@@ -95,6 +94,7 @@ def test_every_site_trains_logs_and_decodes(tiny_data, pre_norm_run):
     assert len(re.findall(r"^H-\d+\t", gen.stdout, flags=re.M)) == 24
 
 
+@pytest.mark.slow
 def test_resume_and_interactive(tiny_data, pre_norm_run, tmp_path):
     save = tmp_path / "ck"
     shutil.copytree(pre_norm_run[0], save)
@@ -107,6 +107,7 @@ def test_resume_and_interactive(tiny_data, pre_norm_run, tmp_path):
     assert re.search(r"^H-0\t", inter.stdout, flags=re.M)
 
 
+@pytest.mark.slow
 def test_compiled_post_norm_with_decoder_batch_statistics(tiny_data, tmp_path, monkeypatch, capsys):
     save = tmp_path / "ck"
     run_cli("fairseq-train", *train_args(tiny_data, save, "norm_transformer", *POST_NORM, updates=3))

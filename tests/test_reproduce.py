@@ -172,7 +172,6 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert not (out / "tiny-never").exists()
 
 
-@pytest.mark.slow
 def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data):
     good = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.5, tiny_data)
     bad = tmp_path / "bad.yaml"
