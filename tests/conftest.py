@@ -70,15 +70,27 @@ def run_cli(tool, *args, cwd=None, check=True, env=None, timeout=600, input=None
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
-    """Binarized tiny corpus (joined dictionary), built once per test session."""
+    """Binarized tiny corpus (joined dictionary), built once per test session by
+    fairseq-preprocess's main in this process (a subprocess would be mostly start-up)."""
+    import logging
+
+    from fairseq import options
+    from fairseq_cli import preprocess
+
     root = tmp_path_factory.mktemp("tiny")
     raw = write_tiny_corpus(root / "raw")
     dest = root / "bin"
-    run_cli(
-        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+    args = options.get_preprocessing_parser().parse_args(list(map(str, [
+        "--source-lang", "src", "--target-lang", "tgt",
         "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
         "--destdir", dest, "--joined-dictionary", "--workers", "1",
-    )
+    ])))
+    log = logging.getLogger("fairseq_cli.preprocess")
+    handlers = list(log.handlers)
+    preprocess.main(args)
+    for handler in set(log.handlers) - set(handlers):  # main adds a log file handler
+        log.removeHandler(handler)
+        handler.close()
     return dest
 
 

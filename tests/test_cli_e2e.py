@@ -4,10 +4,16 @@ Two training runs cover every norm kind at some site: a Pre-Norm model (every
 site a different kind, final norms included, RBN criterion) that is trained,
 resumed, decoded by fairseq-generate and fairseq-interactive; and a Post-Norm
 model with batch statistics in the decoder and --compile-norms.
+
+The refusals (bad flags, a decoder that cannot decode incrementally) run the console
+scripts' own ``cli_main`` in this process: each stops before training or decoding, so
+a subprocess would be mostly interpreter and fairseq start-up (~3 s of CPU each).
 """
+import importlib
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import sys
+import warnings
 
 import pytest
 import torch
@@ -15,8 +21,6 @@ import torch
 from conftest import USER_DIR, run_cli, train_args
 
 from normplug.checkpoints import SAFE_GLOBALS
-
-pytestmark = pytest.mark.slow
 
 PRE_NORM = [
     "--encoder-normalize-before", "--decoder-normalize-before",
@@ -34,10 +38,31 @@ POST_NORM = [
 PER_LAYER_TID = ("tid_mean/enc0.attn", "tid_var/enc0.attn", "tid_var/enc.final")
 
 
-def _generate(data, checkpoint, *extra, check=True):
-    return run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint,
-                   "--gen-subset", "test", "--beam", "2", "--max-len-b", "20", "--batch-size", "16",
-                   "--cpu", *extra, check=check)
+def _generate_args(data, checkpoint, *extra):
+    return [data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test", "--beam", "2",
+            "--max-len-b", "20", "--batch-size", "16", "--cpu", *extra]
+
+
+def _generate(data, checkpoint, *extra):
+    return run_cli("fairseq-generate", *_generate_args(data, checkpoint, *extra))
+
+
+def _refused_in_process(tool, args, monkeypatch, capsys):
+    """Run fairseq's ``tool`` (its ``cli_main``, as the console script does) in this process on
+    arguments it must refuse. Returns (exit status, stdout, stderr) as the interpreter would
+    leave them: a SystemExit message is printed to stderr with status 1; any other exception
+    (a traceback) fails the test."""
+    cli = importlib.import_module("fairseq_cli." + tool.split("-", 1)[1])
+    monkeypatch.setattr(sys, "argv", [tool, *map(str, args)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as PYTHONWARNINGS=ignore in run_cli's processes
+        cli.cli_main()
+    out, err = capsys.readouterr()
+    code = stop.value.code
+    if isinstance(code, str):
+        return 1, out, err + code + "\n"
+    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +72,7 @@ def pre_norm_run(tiny_data, tmp_path_factory):
     return save, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_every_site_trains_logs_and_decodes(tiny_data, pre_norm_run):
     save, log = pre_norm_run
     checkpoint = save / "checkpoint_last.pt"
@@ -68,6 +94,7 @@ def test_every_site_trains_logs_and_decodes(tiny_data, pre_norm_run):
     assert len(re.findall(r"^H-\d+\t", gen.stdout, flags=re.M)) == 24
 
 
+@pytest.mark.slow
 def test_resume_and_interactive(tiny_data, pre_norm_run, tmp_path):
     save = tmp_path / "ck"
     shutil.copytree(pre_norm_run[0], save)
@@ -80,19 +107,22 @@ def test_resume_and_interactive(tiny_data, pre_norm_run, tmp_path):
     assert re.search(r"^H-0\t", inter.stdout, flags=re.M)
 
 
-def test_compiled_post_norm_with_decoder_batch_statistics(tiny_data, tmp_path):
+@pytest.mark.slow
+def test_compiled_post_norm_with_decoder_batch_statistics(tiny_data, tmp_path, monkeypatch, capsys):
     save = tmp_path / "ck"
     run_cli("fairseq-train", *train_args(tiny_data, save, "norm_transformer", *POST_NORM, updates=3))
     checkpoint = save / "checkpoint_last.pt"
     gen = _generate(tiny_data, checkpoint)
     assert len(re.findall(r"^H-\d+\t", gen.stdout, flags=re.M)) == 24
     # test-batch statistics cannot work one token at a time: refused before any output
-    bad = _generate(tiny_data, checkpoint, "--model-overrides", "{'bn_test_stats': 'batch'}", check=False)
-    assert bad.returncode != 0 and "incremental decoding" in bad.stderr and "Traceback" not in bad.stderr
-    assert not re.search(r"^H-\d+\t", bad.stdout, flags=re.M)
+    code, out, err = _refused_in_process(
+        "fairseq-generate", _generate_args(tiny_data, checkpoint, "--model-overrides", "{'bn_test_stats': 'batch'}"),
+        monkeypatch, capsys)
+    assert code != 0 and "incremental decoding" in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert not re.search(r"^H-\d+\t", out, flags=re.M)
 
 
-def test_bad_flags_stop_with_one_line_before_anything_is_written(tiny_data, tmp_path):
+def test_bad_flags_stop_with_one_line_before_anything_is_written(tiny_data, tmp_path, monkeypatch, capsys):
     cases = [
         (["--arch", "transformer_iwslt_de_en_pn", "--rbn-mean-weight", "60", "--disable-validation"],
          ("--rbn-mean-weight", "no 'batch' norm", "power"), None),
@@ -103,19 +133,14 @@ def test_bad_flags_stop_with_one_line_before_anything_is_written(tiny_data, tmp_
         (["--encoder-norm", "powernorm"], ("powernorm", "batch", "layer"), 2),
         (["--rbn-var-weight", "-1"], ("--rbn-var-weight", "-1"), None),
     ]
-    dirs = [tmp_path / f"s{i}" for i in range(len(cases))]
-
-    def run(case, folder):
+    for i, (flags, needles, code) in enumerate(cases):
+        folder = tmp_path / f"s{i}"
         # a later --arch wins over train_args' own (argparse)
         args = train_args(tiny_data, folder, "transformer_iwslt_de_en_ln", "--criterion",
-                          "label_smoothed_cross_entropy_rbn", *case[0], updates=6)
-        return run_cli("fairseq-train", *args, check=False)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:  # each is mostly start-up time
-        procs = list(pool.map(run, cases, dirs))
-    for (flags, needles, code), proc, folder in zip(cases, procs, dirs):
-        assert proc.returncode != 0 and (code is None or proc.returncode == code), (flags, proc.stderr[-2000:])
-        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        last = proc.stderr.strip().splitlines()[-1]
+                          "label_smoothed_cross_entropy_rbn", *flags, updates=6)
+        status, _, err = _refused_in_process("fairseq-train", args, monkeypatch, capsys)
+        assert status != 0 and (code is None or status == code), (flags, err[-2000:])
+        assert "Traceback" not in err, err[-3000:]
+        last = err.strip().splitlines()[-1]
         assert "error:" in last and all(n in last for n in needles), (flags, last)
         assert not folder.exists() or not any(folder.iterdir()), (flags, list(folder.iterdir()))
