@@ -517,7 +517,10 @@ def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = N
     ev = recipe.evaluate
     argv = [fairseq_exe("fairseq-generate"), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
             "--path", str(checkpoint), "--source-lang", recipe.source_lang,
-            "--target-lang", recipe.target_lang, "--gen-subset", ev["gen_subset"]]
+            "--target-lang", recipe.target_lang, "--gen-subset", ev["gen_subset"],
+            # fairseq 0.12's batch_by_size drops the sentences that do not fill a multiple
+            # of 8 at the end of a batch (30 test sentences: 24 decoded); 1 decodes them all
+            "--required-batch-size-multiple", "1"]
     for key in ("beam", "lenpen", "max_len_a", "max_len_b", "batch_size"):
         argv += ["--" + key.replace("_", "-"), *_words(ev[key])]
     if ev["remove_bpe"]:
