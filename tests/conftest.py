@@ -82,6 +82,36 @@ def tiny_data(tmp_path_factory):
     return dest
 
 
+def write_lm_corpus(folder: Path, seed: int = 0, sizes=(("train", 300), ("valid", 30), ("test", 30))):
+    """A toy language: each line counts up through w0..w29 (mod 30) from a random word in
+    steps of 1, 2 or 3, so two words determine the next. Lines of 3 to 12 words, so that
+    ``--sample-break-mode eos`` batches carry padding."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        with open(folder / f"{split}.txt", "w") as out:
+            for _ in range(n):
+                start, step = rng.randrange(30), rng.choice((1, 2, 3))
+                out.write(" ".join(f"w{(start + step * i) % 30}" for i in range(rng.randint(3, 12))) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def lm_data(tmp_path_factory):
+    """Binarized toy language-model corpus, built once per test session by fairseq-preprocess
+    --only-source, run in this process (a fresh process costs seconds of start-up here)."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    root = tmp_path_factory.mktemp("lm")
+    raw = write_lm_corpus(root / "raw")
+    dest = root / "bin"
+    preprocess.main(options.get_preprocessing_parser().parse_args([
+        "--only-source", "--trainpref", str(raw / "train.txt"), "--validpref", str(raw / "valid.txt"),
+        "--testpref", str(raw / "test.txt"), "--destdir", str(dest), "--workers", "1"]))
+    return dest
+
+
 def train_args(data, save_dir, arch, *extra, updates=3):
     """Arguments of a short CPU fairseq-train run of a tiny model."""
     return [
