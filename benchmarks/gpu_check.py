@@ -1,18 +1,28 @@
-"""The GPU check: one table, about 10 minutes on one H200 (split it with --skip-norms,
---kinds and --fp32-updates 0 where one call must be shorter).
+"""The GPU check: one table, estimated at 7–9 minutes on one H200, the language models about 1
+of them (not yet timed whole: the last line gives each part's time). Split it with
+--families, --skip-norms, --kinds and --fp32-updates 0 where one call must be shorter.
 
 1. The norm benchmark (benchmarks/norms.py) in float32 and float16, eager and compiled,
    as ratios to eager nn.LayerNorm.
-2. ``--updates`` (100) updates of every ``transformer_iwslt_de_en_*`` architecture and of
-   fairseq's stock ``transformer_iwslt_de_en`` (Post- and Pre-Norm) at the IWSLT
-   dimensions on the synthetic corpus with fairseq's ``--fp16`` trainer (loss scaling,
-   float32 master weights), then ``--fp32-updates`` (30) of each in float32: every
-   logged loss and the final parameters finite, and words/s against the stock model of
-   the same Pre/Post-Norm and precision.
+2. For each family of benchmarks/families.py (``--families``): every architecture and the
+   stock fairseq model it is compared with trains with fairseq's ``--fp16`` trainer (loss
+   scaling, float32 master weights), then in float32, on the family's synthetic corpus at
+   max tokens 4096: every logged loss and the final parameters finite, and words/s against
+   the stock model of the same shape, Pre/Post-Norm and precision.
+
+   * ``translation``: ``--updates`` (100) and ``--fp32-updates`` (30) updates of every
+     ``transformer_iwslt_de_en_*`` architecture and of fairseq's ``transformer_iwslt_de_en``
+     (Post- and Pre-Norm) at the IWSLT dimensions, dropout 0.3.
+   * ``lm``: ``--lm-updates`` (50) and ``--lm-fp32-updates`` (20) updates of every
+     ``transformer_lm_ptb_*`` and ``transformer_lm_wt103_*`` architecture and of fairseq's
+     ``transformer_lm`` of each shape, at the published sizes (3 or 6 layers, d_model 256,
+     d_inner 2100). These models are small, so fewer updates keep the part to about a
+     minute, most of it building each model and trainer.
 
 Each row is printed as soon as it is measured, so a run cut short keeps what it measured.
 
     benchmarks/gpu_check.sh                  # on a CUDA machine with torch and fairseq
+    benchmarks/gpu_check.sh --families lm --skip-norms   # the language models only
     benchmarks/gpu_check.sh --smoke          # a few tiny updates on any device (checks the script)
 """
 import argparse
@@ -25,13 +35,19 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import families  # noqa: E402
 
-SMOKE_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
-               "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-               "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+# the training recipe's flags that differ by family: IWSLT's dropout (the language models'
+# architectures set their reference's)
+RECIPE = {"translation": ["--dropout", "0.3"], "lm": []}
+SMOKE_MODEL = {
+    "translation": ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+                    "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+                    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
+    "lm": ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+           "--decoder-attention-heads", "4"],
+}
 
 
 def emit(rows, row):
@@ -52,24 +68,23 @@ def norm_rows(device, smoke, rows):
                             f"{median[label] / base:.2f} × LN", ""))
 
 
-def train(data, arch, extra, updates, device, smoke, fp16):
+def train(data, family, run, plugin, updates, device, smoke, fp16):
     """``updates`` updates with fairseq's Trainer; returns (words/s, all losses finite)."""
-    from fairseq import options, tasks
+    from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    fp16 = ["--fp16"] if fp16 else []
-    plugin = arch != "transformer_iwslt_de_en"
     # the plugin's models train with the RBN criterion at zero weights (TID logged, loss unchanged)
-    criterion = ["--criterion", "label_smoothed_cross_entropy_rbn", "--power-warmup", str(updates // 2)] \
-        if plugin else ["--criterion", "label_smoothed_cross_entropy"]
-    argv = [str(data), "--user-dir", str(REPO / "normplug"), "--arch", arch, *extra, *fp16, *criterion,
-            "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--dropout", "0.3",
-            "--label-smoothing", "0.1", "--max-tokens", "4096", "--seed", "1", "--num-workers", "0",
-            "--data-buffer-size", "0", "--save-dir", str(Path(data).parent / "save"), *(SMOKE_MODEL if smoke else []), *(["--cpu"] if device == "cpu" else [])]
+    criterion = ["--criterion", f"{run.criterion}_rbn", "--power-warmup", str(updates // 2)] if plugin \
+        else ["--criterion", run.criterion]
+    args = families.parse(run, data, [
+        *criterion, *(["--fp16"] if fp16 else []), *RECIPE[family], "--optimizer", "adam",
+        "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
+        "--max-tokens", "4096", "--seed", "1", "--num-workers", "0", "--data-buffer-size", "0",
+        "--save-dir", str(Path(data).parent / "save"), *(SMOKE_MODEL[family] if smoke else []),
+        *(["--cpu"] if device == "cpu" else [])])
     (Path(data).parent / "save").mkdir(exist_ok=True)  # fairseq saves crash.pt there on divergence
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
@@ -108,47 +123,52 @@ def _train_loop(trainer, epoch, updates, device, losses):
     return tokens / (time.perf_counter() - start)
 
 
-def training_rows(device, passes, smoke, rows, kinds=("",)):
-    """``passes``: (updates, fp16) pairs; every architecture runs each pass in turn."""
-    from normplug.models.architectures import ARCHITECTURES
-    from synthetic import binarize, generate
-
-    prenorm = ["--encoder-normalize-before", "--decoder-normalize-before"]
-    runs = {"transformer_iwslt_de_en (stock)": ("transformer_iwslt_de_en", []),
-            "transformer_iwslt_de_en (stock, prenorm)": ("transformer_iwslt_de_en", prenorm)}
-    runs.update({name: (name, []) for name in sorted(ARCHITECTURES) if name.startswith("transformer_iwslt_de_en_")
-                 and any(k in name for k in kinds)})
+def training_rows(family, device, passes, smoke, rows, kinds=None):
+    """``passes``: (updates, fp16) pairs; every architecture of ``family`` runs each pass in turn."""
     with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "raw"
-        generate(raw, seed=7, n_train=1000 if smoke else 20000, n_valid=50, n_test=50)
-        data = binarize(raw, Path(tmp) / "bin")
-        # untimed warm-up over as many batches as a timed run: otherwise the first timed run
-        # pays for the allocator and cuBLAS meeting each batch shape (stock Post-Norm ran 3×
-        # slower than every other model on an H200 after a 20-update warm-up)
-        train(data, "transformer_iwslt_de_en", [], passes[0][0], device, smoke, passes[0][1])
+        data = families.corpus(family, Path(tmp), 1000 if smoke else 20000)
+        runs = families.runs(family, data, kinds)
+        # untimed warm-up of each stock model over as many batches as a timed run: otherwise the
+        # first timed run of a shape pays for the allocator and cuBLAS meeting each batch shape
+        # (stock Post-Norm ran 3× slower than every other model on an H200 after a 20-update warm-up)
+        for label, run in runs.items():
+            if label == run.baseline:
+                train(data, family, run, False, passes[0][0], device, smoke, passes[0][1])
         for updates, fp16 in passes:
             wps = {}
-            for label, (arch, extra) in runs.items():
-                wps[label], finite = train(data, arch, extra, updates, device, smoke, fp16)
-                stock = wps["transformer_iwslt_de_en (stock, prenorm)" if "prenorm" in label
-                            else "transformer_iwslt_de_en (stock)"]
+            for label, run in runs.items():
+                wps[label], finite = train(data, family, run, label != run.baseline, updates, device, smoke, fp16)
                 part = f"train {updates} updates {'fp16' if fp16 else 'fp32'}"
                 if wps[label] is None:
                     emit(rows, (part, label, "diverged", "", "fp16 loss scale at its minimum"))
                 else:
-                    emit(rows, (part, label, f"{wps[label]:,.0f} words/s", f"{wps[label] / stock:.2f} × stock",
+                    stock = wps[run.baseline]
+                    emit(rows, (part, label, f"{wps[label]:,.0f} words/s",
+                                f"{wps[label] / stock:.2f} × stock" if stock else "",
                                 "finite" if finite else "NaN/inf"))
 
 
 def main(argv=None):
+    from normplug.models.architectures import KINDS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--updates", type=int, default=100, help="fp16 updates of each architecture")
+    ap.add_argument("--families", default=",".join(families.FAMILIES),
+                    help=f"comma-separated families to train (default: all; {', '.join(families.FAMILIES)})")
+    ap.add_argument("--updates", type=int, default=100, help="fp16 updates of each translation architecture")
     ap.add_argument("--fp32-updates", type=int, default=30, help="float32 updates of each (0: none)")
+    ap.add_argument("--lm-updates", type=int, default=50, help="fp16 updates of each language model")
+    ap.add_argument("--lm-fp32-updates", type=int, default=20, help="float32 updates of each (0: none)")
     ap.add_argument("--kinds", default="", help="comma-separated architecture kinds to train (default: all)")
     ap.add_argument("--skip-norms", action="store_true", help="training rows only")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and a few updates, to check the script")
     args = ap.parse_args(argv)
+    chosen = args.families.split(",")
+    kinds = args.kinds.split(",") if args.kinds else None
+    for values, valid, what in ((chosen, families.FAMILIES, "family"), (kinds or [], KINDS, "kind")):
+        for value in values:
+            if value not in valid:
+                ap.error(f"unknown {what} {value!r}; choose from {', '.join(valid)}")
     warnings.filterwarnings("ignore")
     import logging
 
@@ -159,15 +179,22 @@ def main(argv=None):
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"normplug GPU check on {name}, torch {torch.__version__}\n"
           "| part | name | value | ratio | check |\n|---|---|---|---|---|", flush=True)
-    rows = []
+    rows, seconds = [], {}
     if not args.skip_norms:
         norm_rows(args.device, args.smoke, rows)
-    # fairseq's fp16 trainer needs CUDA: a smoke run on the CPU is float32 only
-    passes = [(10, False)] if args.smoke and args.device == "cpu" else \
-        [(10 if args.smoke else args.updates, True)] + \
-        ([(10 if args.smoke else args.fp32_updates, False)] if args.fp32_updates else [])
-    training_rows(args.device, passes, args.smoke, rows, args.kinds.split(","))
-    print(f"{len(rows)} rows in {time.time() - start:.0f} s")
+        seconds["norms"] = time.time() - start
+    updates = {"translation": (args.updates, args.fp32_updates), "lm": (args.lm_updates, args.lm_fp32_updates)}
+    for family in chosen:
+        fp16_updates, fp32_updates = updates[family]
+        # fairseq's fp16 trainer needs CUDA: a smoke run on the CPU is float32 only
+        passes = [(10, False)] if args.smoke and args.device == "cpu" else \
+            [(10 if args.smoke else fp16_updates, True)] + \
+            ([(10 if args.smoke else fp32_updates, False)] if fp32_updates else [])
+        family_start = time.time()
+        training_rows(family, args.device, passes, args.smoke, rows, kinds)
+        seconds[family] = time.time() - family_start
+    print(f"{len(rows)} rows in {time.time() - start:.0f} s ("
+          + ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items()) + ")")
     bad = [row[1] for row in rows if row[4] == "NaN/inf"]
     if bad:
         print(f"NaN or inf in: {', '.join(bad)}")
