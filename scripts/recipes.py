@@ -9,9 +9,11 @@ null), ``metric``, ``data`` (relative to the repository root), ``train`` (fairse
 ``flag: value``; true: a bare flag, false or null: left out; fairseq's parser checks them, the
 driver adds those of RESERVED_TRAIN; ``task`` picks fairseq's task, translation by default),
 ``evaluate`` (the checkpoint evaluated and how it is scored: the task's evaluate keys),
-``notes`` (the release followed, what differs, the number's source) and optionally
-``shares_training_with`` (the config whose run this one evaluates). Translation adds
-``source_lang`` and ``target_lang``.
+``provenance`` (the Markdown file, beside the config, that gives the release's file:line for its
+values, what differs and the table of its figure) and optionally ``shares_training_with`` (the
+config whose run this one evaluates). Translation adds ``source_lang`` and ``target_lang``.
+``base: FILE`` (relative to the config's folder) reads FILE first: mappings merge key by key,
+the config's value wins, any other value replaces the base's; a base may have a base.
 """
 import argparse
 import contextlib
@@ -42,7 +44,7 @@ REQUIRED = object()
 TOP_KEYS = {key: (REQUIRED, (str,)) for key in (
     "name", "dataset", "setting", "norm", "paper", "metric", "data")}
 TOP_KEYS.update(published=(REQUIRED, (int, float, type(None))), train=(REQUIRED, (dict,)),
-                evaluate=(REQUIRED, (dict,)), notes=(REQUIRED, (list,)),
+                evaluate=(REQUIRED, (dict,)), provenance=(REQUIRED, (str,)),
                 shares_training_with=(None, (str, type(None))))
 CHECKPOINT_KEYS = {
     # which checkpoint is evaluated: exactly one of the three (CHECKPOINT_CHOICES)
@@ -104,7 +106,7 @@ class Recipe:
     data: str
     train: Dict[str, object]
     evaluate: Dict[str, object]
-    notes: List[str]
+    provenance: str
     shares_training_with: Optional[str] = None
     source_lang: Optional[str] = None  # translation
     target_lang: Optional[str] = None
@@ -158,19 +160,61 @@ def task_name(train) -> str:
     return str(train.get("task", "translation")) if isinstance(train, dict) else "translation"
 
 
-def load_config(path) -> Recipe:
-    """Read one config and check what its format owns; fairseq's flags are fairseq's to check."""
+def _read_mapping(path: Path) -> dict:
+    """One YAML file as a mapping; a key given twice in one mapping is refused."""
     import yaml
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ConfigError(f"{path}: duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a YAML mapping with keys {', '.join(TOP_KEYS)}")
+    return raw
+
+
+def _merge(base: dict, child: dict) -> dict:
+    """Mappings merge key by key (the child wins); any other child value replaces the base's."""
+    out = dict(base)
+    for key, value in child.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
+
+
+def merged_mapping(path, _chain=()) -> dict:
+    """A config file with its ``base:`` chain merged in and the ``base`` key removed."""
+    path = Path(path)
+    raw = _read_mapping(path)
+    if "base" not in raw:
+        return raw
+    base = raw.pop("base")
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: key 'base' must be a file name relative to {path.parent}, got {base!r}")
+    base_path = path.parent / base
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: base file {base_path} not found")
+    if base_path.resolve() in _chain:
+        raise ConfigError(f"{path}: base file {base_path} is its own base")
+    return _merge(merged_mapping(base_path, _chain + (path.resolve(),)), raw)
+
+
+def load_config(path) -> Recipe:
+    """Read one config and check what its format owns; fairseq's flags are fairseq's to check."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    raw = merged_mapping(path)
     name = task_name(raw.get("train"))
     if name not in TASKS:
         raise ConfigError(f"{path}: train: task {name!r} has no recipes here (known: {', '.join(TASKS)})")
@@ -180,8 +224,6 @@ def load_config(path) -> Recipe:
         if top[key] is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", top[key]):
             raise ConfigError(f"{path}: key {key!r} must be a folder name (letters, digits, '.', "
                               f"'_', '-'), got {top[key]!r}")
-    if not all(isinstance(note, str) for note in top["notes"]):
-        raise ConfigError(f"{path}: notes must be a list of strings")
     for key, value in top["train"].items():
         if str(key).replace("_", "-") in RESERVED_TRAIN:
             raise ConfigError(f"{path}: train: {key!r} may not be set here: "

@@ -1,5 +1,6 @@
-"""configs/*.yaml: every published row has a config, its notes name the released script it
-follows (no test restates a config's values), and fairseq-train accepts its
+"""configs/*.yaml: every published row has a config, its provenance file names the released
+script it follows and the table of its figure (no test restates a config's values), run files
+hold only what differs from their base, and fairseq-train accepts its
 arguments (parsed in-process; model and criterion built and run on a tiny corpus with
 shrunk dimensions: the translation corpus, or the language-model one). The driver's own
 behaviour is tested in tests/test_recipes.py."""
@@ -9,6 +10,7 @@ import re
 
 import pytest
 import torch
+import yaml
 
 from conftest import REPO, TINY_MODEL
 
@@ -32,7 +34,8 @@ def _recipe(path):
 
 # every published row: (paper, dataset, setting, norm) -> BLEU or perplexity. Xu et al.'s are in
 # the authors' poster (lancopku/AdaNorm adanorm_poster.pdf, Tables 1-3): En-Vi LN-simple is 31.6.
-# Shen et al.'s language-model rows: their table's Tensor-Transformer_1core + LN / + PN.
+# Shen et al. (arXiv 2003.07845v1): translation Table I; language models Table II, test
+# perplexity of Tensor-Transformer_1core + LN / BN / PN (Table III's 51.6 is a validation figure).
 PUBLISHED = {
     ("wang2022", "IWSLT14 De-En", "Post-Norm", "BN"): 34.0,
     ("wang2022", "IWSLT14 De-En", "Post-Norm", "RBN"): 35.5,
@@ -56,12 +59,15 @@ PUBLISHED = {
     ("xu2019", "IWSLT15 En-Vi", "Pre-Norm", "LN-simple"): 31.6,
     ("xu2019", "IWSLT15 En-Vi", "Pre-Norm", "AdaNorm"): 31.4,
     ("shen2020", "IWSLT14 De-En", "Pre-Norm", "LN"): 35.5,
+    ("shen2020", "IWSLT14 De-En", "Pre-Norm", "BN"): 34.4,
     ("shen2020", "IWSLT14 De-En", "Pre-Norm", "PowerNorm"): 35.9,
     ("shen2020", "WMT14 En-De", "Pre-Norm", "LN"): 29.5,
     ("shen2020", "WMT14 En-De", "Pre-Norm", "PowerNorm"): 30.1,
-    ("shen2020", "PTB", "Post-Norm", "LN"): 57.2,
-    ("shen2020", "PTB", "Post-Norm", "PowerNorm"): 51.6,
+    ("shen2020", "PTB", "Post-Norm", "LN"): 53.2,
+    ("shen2020", "PTB", "Post-Norm", "BN"): 60.7,
+    ("shen2020", "PTB", "Post-Norm", "PowerNorm"): 47.6,
     ("shen2020", "WikiText-103", "Post-Norm", "LN"): 20.9,
+    ("shen2020", "WikiText-103", "Post-Norm", "BN"): 27.2,
     ("shen2020", "WikiText-103", "Post-Norm", "PowerNorm"): 17.9,
 }
 
@@ -74,7 +80,7 @@ def test_every_published_row_has_exactly_one_config():
     rows = {}
     for path in CONFIGS:
         r = _recipe(path)
-        if r.published is None:  # a released run without a figure in our sources (notes say why)
+        if r.published is None:  # a released run without a published figure (its provenance says why)
             continue
         key = _row_key(r)
         assert key not in rows, f"{path.name} and {rows[key]} are the same row {key}"
@@ -99,7 +105,7 @@ RBN_CRITERIA = {"label_smoothed_cross_entropy_rbn", "cross_entropy_rbn", "adapti
 def test_config_is_complete(path):
     r = _recipe(path)
     assert r.name == path.stem or path.parent.name == "demo"
-    assert r.notes and all(n.strip() for n in r.notes)
+    assert r.provenance.endswith(".md") and (path.parent / r.provenance).is_file(), r.provenance
     assert r.paper and r.metric
     for key in REQUIRED_TRAIN[r.task]:
         assert key in r.train, f"{path.name}: train.{key} missing"
@@ -111,27 +117,92 @@ def test_config_is_complete(path):
         assert "rbn-mean-weight" in r.train and "rbn-var-weight" in r.train
 
 
-RELEASES = ("wjxts/RegularizedBN@57a5394", "lancopku/AdaNorm@546faea", "sIncerass/powernorm@9ea6226")
+RELEASES = {"wang2022": "wjxts/RegularizedBN@57a5394", "xu2019": "lancopku/AdaNorm@546faea",
+            "shen2020": "sIncerass/powernorm@9ea6226"}
 # no release holds the language-model code: the configs follow the scripts of the codebase the
 # papers edited (Ma et al. 2019), one per corpus
-LM_SCRIPTS = {"PTB": "szhangtju/The-compression-of-Transformer@c614f39 BTD-Transformer/run_ptb.sh",
-              "WikiText-103": "szhangtju/The-compression-of-Transformer@c614f39 BTD-Transformer/run_wt103.sh"}
+LM_CODE = "szhangtju/The-compression-of-Transformer@c614f39"
+LM_SCRIPTS = {"PTB": "BTD-Transformer/run_ptb.sh", "WikiText-103": "BTD-Transformer/run_wt103.sh"}
+
+
+def _paper(path):
+    return path.stem.split("-")[0]
+
+
+def _runs_table(md):
+    """A provenance file's table of runs: config name -> (what it follows, published cell)."""
+    rows = {}
+    for line in md.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and (REPO / "configs" / f"{cells[0]}.yaml").exists():
+            assert cells[0] not in rows, f"{md.name}: {cells[0]} listed twice"
+            rows[cells[0]] = cells[1:]
+    return rows
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_id)
-def test_notes_cite_the_release_and_the_published_number(path):
+def test_provenance_names_the_release_and_the_published_figure(path):
+    """Each run links its paper's provenance file, whose table of runs names the released file
+    the run follows and the table its figure comes from (or says it is not published)."""
     r = _recipe(path)
-    first = r.notes[0]
-    released = first.startswith("Release: ") and any(rel in first for rel in RELEASES)
-    assert released or first.startswith("No script was released"), first
-    assert re.search(r"\.sh|README\.md", first), "the note names the script's path"
+    md = path.parent / r.provenance
+    assert r.provenance == f"{_paper(path)}.md" and md.is_file(), r.provenance
+    text = md.read_text(encoding="utf-8")
+    assert RELEASES[_paper(path)] in text
+    rows = _runs_table(md)
+    assert r.name in rows, f"{md.name} has no row for {r.name}"
+    follows, published = rows[r.name]
+    assert re.search(r"[\w./-]+\.sh\b|README\.md", follows), follows
     if r.task == "language_modeling":
-        assert LM_SCRIPTS[r.dataset] in first
-    published = [n for n in r.notes if n.startswith("Published: ")]
-    assert len(published) == 1 and published[0].startswith(
-        f"Published: {r.published}" if r.published is not None else "Published: none")
-    if released or r.task == "language_modeling":  # what still differs from the script, item by item
-        assert any(n.startswith("Differs") for n in r.notes)
+        assert LM_SCRIPTS[r.dataset] in follows and LM_CODE in text
+    if r.published is None:
+        assert published == "not published", published
+    else:
+        assert published.startswith(f"{r.published} ") and "table" in published.lower(), published
+    assert "Differs" in text  # what still differs from the release, item by item
+
+
+@pytest.mark.parametrize("paper", sorted(RELEASES))
+def test_provenance_lists_exactly_the_papers_configs(paper):
+    assert set(_runs_table(REPO / "configs" / f"{paper}.md")) == {
+        p.stem for p in CONFIGS if _paper(p) == paper}
+
+
+def test_run_files_hold_only_what_differs_from_their_base():
+    """A value every run of a base shares lives in the base; every base is used."""
+    from recipes import merged_mapping
+
+    used = {}
+    for path in CONFIGS:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        base = (path.parent / raw["base"]).resolve()
+        assert base.parent == (REPO / "configs" / "base").resolve(), raw["base"]
+        used.setdefault(base, []).append(raw)
+    assert set(used) == {p.resolve() for p in (REPO / "configs" / "base").glob("*.yaml")}
+    for base, runs in used.items():
+        merged = merged_mapping(base)
+        for section in ("train", "evaluate"):
+            for key in set.intersection(*(set(run.get(section) or {}) for run in runs)):
+                values = [run[section][key] for run in runs]
+                assert len(runs) == 1 or not all(v == values[0] and type(v) is type(values[0]) for v in values), \
+                    f"{base.name}: every run sets {section}.{key}: {values[0]!r}; it belongs in the base"
+            for run in runs:
+                for key, value in (run.get(section) or {}).items():
+                    assert (merged.get(section) or {}).get(key, KeyError) != value, \
+                        f"{run['name']}: {section}.{key} repeats {base.name}'s value {value!r}"
+
+
+def test_configs_are_values_and_their_sources_are_in_the_repository():
+    """Configs hold values (one-line comments at most); nothing cites a file outside the
+    repository's sources or says what was not read."""
+    yamls = sorted((REPO / "configs").glob("**/*.yaml"))
+    assert sum(p.stat().st_size for p in yamls) <= 100_000
+    for md in (REPO / "configs").glob("**/*.md"):
+        assert len(md.read_text(encoding="utf-8").splitlines()) <= 400, md.name
+    for path in yamls + sorted((REPO / "configs").glob("**/*.md")):
+        text = path.read_text(encoding="utf-8")
+        assert "SPEC" not in text and "notes:" not in text, path.name
+        assert not re.search(r"could not be (read|verified)|not (read|verifiable) here", text), path.name
 
 
 def _prepare_default(script, var):

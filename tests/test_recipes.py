@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import REPO
 
@@ -204,7 +205,7 @@ def test_parse_eval_lm_output():
 ])
 def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(edit(LM.read_text()))
+    bad.write_text(edit(yaml.safe_dump(recipes.merged_mapping(LM), sort_keys=False)))  # the base merged in
     with pytest.raises(ConfigError) as err:
         load_config(bad)
     text = str(err.value)
@@ -230,7 +231,7 @@ def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message)
     (lambda t: t.replace("  lowercase: false ", "  lowercase: 1 "), r"evaluate: key 'lowercase' must be a true/false"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: best\n  average_last_epochs: 1 "),
      r"evaluate: set exactly one of .* got 'checkpoint' and 'average_last_epochs'"),
-    (lambda t: t.replace("  average_last_epochs: 1 ", "  gen_subset: test "),
+    (lambda t: t.replace("  average_last_epochs: 1 ", "  # average_last_epochs: 1 "),
      r"evaluate: set exactly one of 'checkpoint', 'average_last_epochs', 'average_last_updates' "
      r"\(which checkpoint is evaluated\), got none"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: newest "),
@@ -239,7 +240,9 @@ def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message)
      r"evaluate: 'average_last_updates' must be >= 1, got 0"),
     (lambda t: t.replace("  detok_lang: en\n", "  detok_lang: en\n  sacrebleu_test_set: wmt99\n"),
      r"sacrebleu_test_set 'wmt99' is not a sacrebleu test set"),
-    (lambda t: t.replace("notes:\n", "notes: [\n"), r"not valid YAML"),
+    (lambda t: t.replace("train:\n", "train: [\n"), r"not valid YAML"),
+    (lambda t: t + "name: demo-ln\n", r"duplicate key 'name' \(line \d+\)"),
+    (lambda t: "base: missing.yaml\n" + t, r"base file .*missing\.yaml not found"),
     (lambda t: "- a\n- b\n", r"must be a YAML mapping"),
 ])
 def test_bad_config_gives_one_clear_line(tmp_path, edit, message):

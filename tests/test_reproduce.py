@@ -62,8 +62,7 @@ train:
   max_len_b: 5
   batch_size: 16
   remove_bpe: null
-notes:
-  - "test config"
+provenance: test.md
 """
 
 
@@ -128,8 +127,7 @@ evaluate:
   checkpoint: best
   batch_size: 10
   context_window: 4
-notes:
-  - "test config"
+provenance: test.md
 """
 
 
