@@ -1,11 +1,11 @@
-"""scripts/prepare-*.sh and scripts/prepare_text.py.
+"""scripts/prepare-*.sh (scripts/prepare.py) and the text steps they call.
 
 * The golden test: tests/fixtures/iwslt14-golden/ holds a small archive in the
   IWSLT14 layout and what fairseq's own examples/translation/prepare-iwslt14.sh
   (with mosesdecoder's perl scripts and subword-nmt) made of it; our script must
   give byte-identical tokenized and BPE text (see the fixture's README).
-* Unit tests of the ports in prepare_text.py hold expected values taken from the
-  upstream perl scripts (tokenizer.perl at two mosesdecoder commits,
+* Unit tests of the ports in prepare_moses.py and prepare_text.py hold expected
+  values taken from the upstream perl scripts (tokenizer.perl at two mosesdecoder commits,
   input-from-sgm.perl, clean-corpus-n.perl, lowercase.perl), run once by hand.
 * The other tests build small archives in the upstream layouts here (tgz with
   de-en/, XML with <seg id>, sgm, plain text). Every sentence carries a pair id
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+import prepare_moses as moses
 import prepare_text as pt
 from conftest import kill_group, start_process
 
@@ -75,9 +76,9 @@ def run_killed_in(step, script, *args, timeout=120):
 
 
 def outputs(work):
-    """Every file the steps made (not the markers, the lock or the downloads): path -> bytes."""
+    """Every file the steps made (not the downloads): path -> bytes."""
     return {str(p.relative_to(work)): p.read_bytes() for p in sorted(Path(work).rglob("*"))
-            if p.is_file() and p.parts[len(Path(work).parts)] not in (".state", ".lock", "archives")}
+            if p.is_file() and p.parts[len(Path(work).parts)] != "archives"}
 
 
 def errors(r):
@@ -92,9 +93,17 @@ def sha(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def markers(work):
-    state = Path(work) / ".state"
-    return sorted(p.name[:-5] for p in state.glob("*.done")) if state.exists() else []
+def step_outputs(work, dest=None):
+    """The steps done: name -> their output folder (a step's unfinished output is STEP.tmp;
+    binarize writes DEST)."""
+    done = {p.name: p for p in Path(work).glob("*") if p.is_dir() and p.suffix != ".tmp" and p.name != "archives"}
+    if dest is not None and Path(dest).is_dir():
+        done["binarize"] = Path(dest)
+    return done
+
+
+def markers(work, dest=None):
+    return sorted(step_outputs(work, dest))
 
 
 def ids(line):
@@ -158,28 +167,28 @@ TOKENIZER_EN = [
 @pytest.mark.parametrize("lang,cases", [("de", TOKENIZER_DE), ("en", TOKENIZER_EN)])
 def test_tokenizer_matches_tokenizer_perl(lang, cases):
     for line, current, old in cases:
-        assert pt.MosesTokenizer(lang)(line) == current, line
-        assert pt.MosesTokenizer(lang, moses="2017")(line) == old, line
+        assert moses.MosesTokenizer(lang)(line) == current, line
+        assert moses.MosesTokenizer(lang, moses="2017")(line) == old, line
 
 
 def test_tokenizer_differs_from_sacremoses_where_perl_does():
-    """Why prepare_text.py carries its own port: sacremoses (as installed) keeps the
+    """Why prepare_moses.py carries its own port: sacremoses (as installed) keeps the
     final dot that tokenizer.perl splits since 2018, and splits CJK characters."""
     from sacremoses import MosesTokenizer
 
     for line, perl in (("So am I.", "So am I ."), ("中文 und 日本語", "中文 und 日本語")):
-        assert pt.MosesTokenizer("en")(line) == perl
+        assert moses.MosesTokenizer("en")(line) == perl
         assert MosesTokenizer(lang="en").tokenize(line, escape=True, return_str=True) != perl
 
 
 def test_lowercase_like_perl_lc():
     # perl's lc has no final-sigma rule; Python's str.lower() has
-    assert pt.perl_lc("ΟΔΥΣΣΕΑΣ İst GROẞ") == "οδυσσεασ i̇st groß"
+    assert moses.perl_lc("ΟΔΥΣΣΕΑΣ İst GROẞ") == "οδυσσεασ i̇st groß"
     assert "ΟΔΥΣΣΕΑΣ".lower() == "οδυσσεας"
 
 
 def clean(src, tgt, *args, **kwargs):
-    kept = list(pt.clean_pairs(zip(src, tgt), *args, **kwargs))
+    kept = list(moses.clean_pairs(zip(src, tgt), *args, **kwargs))
     return [f for f, _ in kept], [e for _, e in kept]
 
 
@@ -213,7 +222,7 @@ SGM_TEXT = ["Gutach: Noch mehr Sicherheit für Fußgänger", "Sie stehen keine 1
 
 
 def test_sgm_text_like_input_from_sgm_perl():
-    assert pt.sgm_text(SGM) == SGM_TEXT
+    assert moses.sgm_text(SGM) == SGM_TEXT
 
 
 def test_iwslt_xml_like_fairseq_grep_sed():
@@ -458,16 +467,16 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
     assert info["sources"] == {"de-en.tgz": sha(iwslt14_archive)}
     assert info["size_check"].startswith("skipped: train has 315 pairs, published 160239")
     assert "prepare-iwslt14.sh" in info["script"] and info["date"].endswith("Z")
-    done = markers(work)
-    assert done == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe", "binarize"))
-    mtimes = {m: (work / ".state" / f"{m}.done").stat().st_mtime_ns for m in done}
+    done = step_outputs(work, dest)
+    assert sorted(done) == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe", "binarize"))
+    mtimes = {m: p.stat().st_mtime_ns for m, p in done.items()}
 
     # second run: every step skipped, nothing rewritten
     r2 = run("prepare-iwslt14.sh", *args)
     assert r2.returncode == 0, r2.stderr
     assert r2.stderr.count("done before, skipping") == 8, r2.stderr
     assert "running" not in r2.stderr
-    assert {m: (work / ".state" / f"{m}.done").stat().st_mtime_ns for m in markers(work)} == mtimes
+    assert {m: p.stat().st_mtime_ns for m, p in step_outputs(work, dest).items()} == mtimes
 
     # a changed BPE size redoes bpe-learn and everything after it, not the text steps
     r3 = run("prepare-iwslt14.sh", *args, "--bpe-size", 150, "--no-binarize")
@@ -480,7 +489,7 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
 @pytest.mark.slow
 def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive):
     work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize", "--classic-clean")
+    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize")
     assert r.returncode != 0
     err = errors(r)
     assert len(err) == 1, r.stderr
@@ -544,7 +553,6 @@ def test_iwslt14_bad_archives(tmp_path, iwslt14_archive):
         err = errors(r)
         assert len(err) == 1 and str(bad) in err[0] and says in err[0] and "--archive" in err[0], (name, r.stderr)
         assert markers(work) == []
-        assert not (work / "archives" / f"{name}.sha256").exists()  # a bad copy is never pinned
 
 
 def test_iwslt14_misaligned_sides(tmp_path):
@@ -580,12 +588,6 @@ def test_iwslt14_checksum_mismatch(tmp_path, iwslt14_archive):
     assert r.returncode != 0
     assert "checksum mismatch" in r.stderr and str(iwslt14_archive) in r.stderr
     assert markers(work) == []
-    # a pinned value from an earlier good copy is enforced on a different file
-    other = make_iwslt14_archive(tmp_path / "other.tgz", iwslt14_corpus()[:200])
-    (work / "archives").mkdir(exist_ok=True)
-    (work / "archives" / "other.tgz.sha256").write_text(sha(iwslt14_archive) + "  other.tgz\n")
-    r = run("prepare-iwslt14.sh", "--archive", other, "--work", work, "--no-binarize")
-    assert r.returncode != 0 and "checksum mismatch" in r.stderr
 
 
 def test_iwslt14_unreachable_url(tmp_path):
@@ -779,16 +781,16 @@ def test_iwslt15_envi_folder(tmp_path):
             assert [x.replace("@@ ", "") for x in lines(work / "bpe" / f"{split}.{lang}")] == \
                 lines(src / f"{name}.{lang}")
     assert len(lines(work / "bpe-learn" / "code")) == 81 and not dest.exists()
-    for name in ("train.en", "tst2013.vi"):
-        assert (work / "archives" / f"{name}.sha256").read_text().split()[0] == sha(src / name)
     assert sorted(lines(work / "fetch" / "sources.sha256")) == sorted(
         f"{sha(src / f)}  {f}" for f in ("train.en", "train.vi", "tst2012.en", "tst2012.vi", "tst2013.en", "tst2013.vi"))
-    # a file changed after its checksum was pinned is refused
+    # a file that differs from the checksum given for it is refused
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("".join(f"{sha(src / f)}  {f}\n" for f in ("train.en", "tst2013.vi")))
     (src / "tst2013.vi").write_text("x0000 khác .\n", encoding="utf-8")
-    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", work, "--dest", dest,
-            "--bpe-size", 80, "--force", "--no-binarize")
+    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--sha256-file", sums, "--work", tmp_path / "w2",
+            "--bpe-size", 80, "--no-binarize")
     assert r.returncode != 0 and "checksum mismatch" in r.stderr and "tst2013.vi" in r.stderr
-    assert markers(work) == []
+    assert markers(tmp_path / "w2") == []
 
 
 @pytest.mark.slow
@@ -877,13 +879,13 @@ def test_wmt14_golden_powernorm_script(tmp_path, wmt14_sources):
 def test_wmt14_normalize_punctuation_is_bytewise_and_sees_the_newline():
     """normalize-punctuation.perl rewrites bytes, newline included: values from the perl
     script at mosesdecoder HEAD (see tests/fixtures/wmt14-golden/README.md)."""
-    de = pt.PunctNormalizer("de")
+    de = moses.PunctNormalizer("de")
     assert de("Er sagte: „gut.“\n") == 'Er sagte: "gut".\n'  # [^<] matches the newline
     assert de("Er sagte: „gut.“") == 'Er sagte: "gut."'  # a last line without one
     assert de("1\u00a0000 ( a ) , ‚x‘ ’y’ –—\r\n") == "1,000 (a), 'x' \"y\" - - \n"
-    assert pt.PunctNormalizer("en")("1\u00a0000 “q”, «\u00a0r\u00a0»\n") == '1.000 "q," "r"\n'
-    assert pt.remove_non_printing("a\u00adb\u200bc\td\ufeffe\ue000\n") == "a b c d e "
-    assert pt.MosesTokenizer("de", aggressive=True)("Hals-Nasen-Ohren-Arzt, 3-4, x--y, -a b-") == \
+    assert moses.PunctNormalizer("en")("1\u00a0000 “q”, «\u00a0r\u00a0»\n") == '1.000 "q," "r"\n'
+    assert moses.remove_non_printing("a\u00adb\u200bc\td\ufeffe\ue000\n") == "a b c d e "
+    assert moses.MosesTokenizer("de", aggressive=True)("Hals-Nasen-Ohren-Arzt, 3-4, x--y, -a b-") == \
         "Hals @-@ Nasen @-@ Ohren @-@ Arzt , 3 @-@ 4 , x--y , -a b-"
 
 

@@ -1,4 +1,5 @@
-"""scripts/prepare-ptb.sh and scripts/prepare-wikitext103.sh (the language-model corpora).
+"""scripts/prepare-ptb.sh and scripts/prepare-wikitext103.sh (the language-model corpora,
+scripts/prepare.py's language_model_corpus).
 
 The tests build small archives in the real layouts: a .tgz with Mikolov's
 ./simple-examples/data/ptb.{train,valid,test}.txt (and other members beside them), a
@@ -89,7 +90,7 @@ def wikitext_counts():
             "vocabulary": len(train_types) + 1}
 
 
-# --- prepare_text.py ----------------------------------------------------------------------
+# --- the text functions (prepare_text.py) -----------------------------------------------
 
 def test_lm_stats_counts_lines_tokens_and_vocabulary_as_fairseq_reads_text(tmp_path):
     (tmp_path / "train").write_bytes("a  b\ta\n \n\nc\u00a0d\r\nlast b".encode("utf-8"))
@@ -233,7 +234,7 @@ def wikitext_bad_cases(tmp_path):
 @pytest.mark.parametrize("script,cases", [("prepare-ptb.sh", ptb_bad_cases), ("prepare-wikitext103.sh", wikitext_bad_cases)])
 def test_lm_bad_archives(tmp_path, script, cases):
     """Each stops with one ERROR line naming the file and what is wrong, and leaves no
-    step output: no text, nothing binarized, no checksum pinned."""
+    step output: no text, nothing binarized."""
     for name, (content, says, left) in cases(tmp_path).items():
         folder = tmp_path / name.replace(".", "-")
         folder.mkdir()
@@ -246,7 +247,6 @@ def test_lm_bad_archives(tmp_path, script, cases):
             assert part in err[0], (name, part, err[0])
         assert markers(work) == left, name
         assert not (work / "text").exists() and not (folder / "bin").exists(), name
-        assert (work / "archives" / f"{name}.sha256").exists() == bool(left), name  # pinned only when good
 
 
 # --- the whole run: binarized, loaded with fairseq, re-run, resumed -------------------------
@@ -298,13 +298,13 @@ def test_ptb_binarized_then_rerun_is_a_no_op(tmp_path):
     assert "prepare-ptb.sh" in info["script"] and info["date"].endswith("Z")
     assert sorted(p.name for p in dest.iterdir()) == sorted(
         ["dict.txt", "prepare.json", "preprocess.log"] + [f"{s}.{e}" for s in PTB_MEMBERS for e in ("bin", "idx")])
-    assert markers(work) == ["binarize", "fetch", "text"]
-    before = {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list((work / ".state").iterdir())}
+    assert markers(work, dest) == ["binarize", "fetch", "text"]
+    before = {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list(work.iterdir())}
 
     r = run("prepare-ptb.sh", *args)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("done before, skipping") == 3 and "running" not in r.stderr, r.stderr
-    assert {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list((work / ".state").iterdir())} == before
+    assert {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list(work.iterdir())} == before
 
 
 @pytest.mark.slow

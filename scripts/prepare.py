@@ -1,0 +1,419 @@
+"""Prepare a corpus of the papers and binarize it for fairseq: `python scripts/prepare.py
+DATASET [options]`, which scripts/prepare-DATASET.sh runs. One function per dataset holds its
+steps in order, each a call of the upstream script's step it reproduces; prepare_steps.py
+runs them (a step done before is skipped), prepare_text.py and prepare_moses.py do the text.
+"""
+import os
+import shutil
+import sys
+import time
+
+import prepare_text as text
+from prepare_moses import clean_corpus, lowercase_file, sgm_file, tokenize_file
+from prepare_steps import SPLITS, Prep, PrepareError, parse_options
+
+
+def iwslt14(prep):
+    """IWSLT14 German-English (TED) as fairseq's examples/translation/prepare-iwslt14.sh makes it,
+    binarized for De->En (tests/fixtures/iwslt14-golden/: byte-identical to that script's output).
+    Default source: https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz (fairseq's
+    mirror of wit3.fbk.eu; no published checksum); sizes 160,239 / 7,283 / 6,750 pairs (the
+    "N sents" of fairseq-preprocess on that script's output).
+    Steps: fetch, extract; text (train.tags without <url>, <talkid>, <keywords> lines and
+    without <title>/<description> tags; test: the '<seg id' lines of five XML sets, ’ -> ');
+    tok (tokenizer.perl); split (clean-corpus-n.perl -ratio 1.5 1 175, lowercase.perl, every
+    23rd pair to valid); bpe-learn, bpe (subword-nmt, 10,000 merges); binarize."""
+    work, url = prep.work, prep.url("https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz", None)
+    orig, tok = work / "extract" / "de-en", work / "tok"
+    test_sets = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")  # fairseq's `cat` order
+
+    def iwslt_text(out):
+        for lang in ("de", "en"):
+            xmls = [orig / f"IWSLT14.{s}.de-en.{lang}.xml" for s in test_sets]
+            prep.require(orig / f"train.tags.de-en.{lang}", *xmls)
+            text.write_lines(out / f"train.{lang}", text.iwslt_train_lines(text.iter_lines(orig / f"train.tags.de-en.{lang}")))
+            text.iwslt_xml_file(xmls, out / f"test.{lang}")
+        aligned(out, ("train", "test"), "de", "en")
+
+    def tokenize(out):
+        for lang in ("de", "en"):
+            for split in ("train", "test"):
+                tokenize_file(work / "text" / f"{split}.{lang}", out / f"{split}.{lang}", lang, workers=prep.o.workers)
+
+    def split(out):
+        clean_corpus(tok / "train.de", tok / "train.en", out / "clean.de", out / "clean.en", 1, 175, ratio=1.5)
+        for lang in ("de", "en"):
+            lowercase_file(out / f"clean.{lang}", out / f"clean.lc.{lang}")
+            lowercase_file(tok / f"test.{lang}", out / f"test.{lang}")
+            text.split_every(23, out / f"clean.lc.{lang}", out / f"train.{lang}", out / f"valid.{lang}")
+            os.remove(out / f"clean.{lang}")
+            os.remove(out / f"clean.lc.{lang}")
+        aligned(out, SPLITS, "de", "en")
+
+    fetch = prep.fetch([("de-en.tgz", url, "tgz")])
+    prep.step("extract", prep.extract, fetch / "de-en.tgz")
+    prep.step("text", iwslt_text)
+    prep.step("tok", tokenize)
+    prep.step("split", split)
+    prep.check_sizes(work / "split", "de", {"train": 160239, "valid": 7283, "test": 6750})
+    prep.bpe_and_binarize(work / "split", "de", "en", {
+        "dataset": "iwslt14.de-en", "lowercased": True, "recipe": "fairseq examples/translation/prepare-iwslt14.sh",
+        "tokenizer": "moses tokenizer.perl (mosesdecoder HEAD 75d4c672e)"})
+
+
+WMT16_SOURCES = {  # name: (URL, the folder it is extracted into)
+    "de-en.tgz": ("https://www.statmt.org/europarl/v7/de-en.tgz", "europarl"),
+    "training-parallel-commoncrawl.tgz": ("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+                                          "commoncrawl"),
+    "training-parallel-nc-v11.tgz": ("https://data.statmt.org/wmt16/translation-task/training-parallel-nc-v11.tgz",
+                                     "nc-v11"),
+    "dev.tgz": ("https://data.statmt.org/wmt16/translation-task/dev.tgz", "dev"),
+}
+# NVIDIA/DeepLearningExamples PyTorch/Translation/GNMT/scripts/verify_dataset.sh: the md5 of
+# newstest2014.de as input-from-sgm.perl writes it
+NEWSTEST2014_DE_MD5 = "f6c3818b477e4a25cad68b61cc883c17"
+
+
+def wmt16(prep):
+    """WMT16 English-German, the 4.5M-pair set of fairseq's examples/scaling_nmt, binarized for
+    En->De, rebuilt from the raw corpora step for step as google/seq2seq bin/data/wmt16_en_de.sh
+    made it in 2017 (its archive on Google Drive is gone: fairseq #4192, #4454;
+    tests/fixtures/wmt16-golden/ holds that script's output).
+    Sources: de-en.tgz (Europarl v7), training-parallel-commoncrawl.tgz, training-parallel-nc-v11.tgz
+    (their published sizes and sha256 enforced) and dev.tgz from statmt.org. --archive DIR: a
+    folder of these four; --archive FILE: Google's own wmt16_en_de.tar.gz, whose BPE text is
+    binarized as it is (steps fetch, extract, text, binarize).
+    Steps: fetch, extract; text (train = Europarl + Common Crawl + News Commentary in that order;
+    valid newstest2013; test newstest2014 from dev.tgz's .sgm by input-from-sgm.perl, its md5
+    checked); tok (tokenizer.perl as of 2017, before mosesdecoder 9fc964da7); clean
+    (clean-corpus-n.perl 1 80 on train); bpe-learn, bpe (32,000 merges); binarize
+    (--nwordssrc 32768 --nwordstgt 32768). Sizes: 3,000 / 3,003; train "about 4.5M" (checked
+    as 4.4M-4.6M: no exact count is published)."""
+    o, work = prep.o, prep.work
+    google = bool(o.archive and not o.archive.is_dir()) or o.url.endswith("/wmt16_en_de.tar.gz")
+    if not google and o.sha256:
+        raise PrepareError("--sha256 checks an --archive FILE; for the four upstream files use --sha256-file FILE")
+    if google and o.bpe_size != 32000:
+        raise PrepareError(f"Google's archive holds a BPE of 32000 merges, not --bpe-size {o.bpe_size}; learn another "
+                           "from the raw corpora (--archive DIR or the default download)")
+    if o.bpe == "none":
+        raise PrepareError("--bpe none: WMT16 is used with a subword vocabulary (subword-nmt)")
+    root, sizes = work / "extract", {"train": (4400000, 4600000), "valid": 3000, "test": 3003}
+    info = {"dataset": "wmt16.en-de", "lowercased": False, "recipe": "google/seq2seq bin/data/wmt16_en_de.sh",
+            "tokenizer": "moses tokenizer.perl as of 2017 (before mosesdecoder 9fc964da7)",
+            "from": "google" if google else "raw"}
+    args = ("--nwordssrc", "32768", "--nwordstgt", "32768")
+    parts = ("europarl/europarl-v7.de-en", "commoncrawl/commoncrawl.de-en",
+             "nc-v11/training-parallel-nc-v11/news-commentary-v11.de-en")
+
+    def google_text(out):
+        d = find_dir(root, "train.tok.clean.bpe.32000.en", f"{o.archive or o.url}: is it Google's wmt16_en_de.tar.gz? "
+                     "(a folder of the raw corpora is passed as --archive DIR)")
+        for split, name, sfx in (("train", "train", "tok.clean.bpe.32000"), ("valid", "newstest2013", "tok.bpe.32000"),
+                                 ("test", "newstest2014", "tok.bpe.32000")):
+            for lang in ("en", "de"):
+                prep.require(d / f"{name}.{sfx}.{lang}")
+                link(d / f"{name}.{sfx}.{lang}", out / f"{split}.{lang}")
+        if (d / "bpe.32000").exists():
+            shutil.copy(d / "bpe.32000", out / "code")
+        aligned(out, SPLITS, "en", "de")
+
+    def raw_text(out):
+        dev = find_dir(root / "dev", "newstest2014-deen-src.de.sgm", "dev.tgz: is it WMT16's dev.tgz?")
+        prep.require(*[root / f"{p}.{lang}" for p in parts for lang in ("en", "de")],
+                     *[dev / f for f in ("newstest2014-deen-src.de.sgm", "newstest2014-deen-ref.en.sgm",
+                                         "newstest2013.en", "newstest2013.de")])
+        for lang in ("en", "de"):
+            concat([root / f"{p}.{lang}" for p in parts], out / f"train.{lang}")
+            link(dev / f"newstest2013.{lang}", out / f"valid.{lang}")
+        sgm_file(dev / "newstest2014-deen-src.de.sgm", out / "test.de")
+        sgm_file(dev / "newstest2014-deen-ref.en.sgm", out / "test.en")
+        aligned(out, SPLITS, "en", "de")
+
+    def tokenize(out):
+        for split in SPLITS:
+            for lang in ("en", "de"):
+                tokenize_file(work / "text" / f"{split}.{lang}", out / f"{split}.{lang}", lang, moses="2017",
+                              workers=o.workers)
+
+    def clean(out):
+        clean_corpus(work / "tok" / "train.de", work / "tok" / "train.en", out / "train.de", out / "train.en", 1, 80)
+        for name in ("valid.en", "valid.de", "test.en", "test.de"):
+            link(work / "tok" / name, out / name)
+
+    if google:
+        fetch = prep.fetch([("wmt16_en_de.tar.gz", o.url, "tgz")])
+        prep.step("extract", prep.extract, fetch / "wmt16_en_de.tar.gz")
+        prep.step("text", google_text)
+        prep.check_sizes(work / "text", "en", sizes)
+        return prep.bpe_and_binarize(work / "text", "en", "de", info, args, bpe_done=True)
+    fetch = prep.fetch([(name, prep.url(url, name), "tgz") for name, (url, _) in WMT16_SOURCES.items()])
+    prep.step("extract", lambda out: [prep.extract(out, fetch / name, sub) for name, (_, sub) in WMT16_SOURCES.items()])
+    prep.step("text", raw_text)
+    prep.check_checksum(work / "text" / "test.de", "md5", NEWSTEST2014_DE_MD5,
+                        "NVIDIA/DeepLearningExamples GNMT verify_dataset.sh")
+    prep.step("tok", tokenize)
+    prep.step("clean", clean)
+    prep.check_sizes(work / "clean", "en", sizes)
+    prep.bpe_and_binarize(work / "clean", "en", "de", info, args)
+
+
+WMT14_URLS = {
+    "training-parallel-europarl-v7.tgz": "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+    "training-parallel-commoncrawl.tgz": "https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+    "training-parallel-nc-v12.tgz": "https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
+    "dev.tgz": "https://data.statmt.org/wmt17/translation-task/dev.tgz",
+    "test-full.tgz": "https://www.statmt.org/wmt14/test-full.tgz",
+}
+
+
+def wmt14(prep):
+    """WMT14 English-German as Shen et al. (PowerNorm, ICML 2020) prepared it, binarized for En->De:
+    their release's trans-scripts/data-preprocessing/prepare-wmt14en2de.sh (sIncerass/powernorm@9ea6226)
+    = fairseq v0.6.0 examples/translation/prepare-wmt14en2de.sh --scaling18 (the data of Ott et al.
+    2018; tests/fixtures/wmt14-golden/ holds that script's output), with mosesdecoder HEAD's scripts.
+    Sources (the release's URLs; the published sizes and sha256 of the three training archives
+    enforced): training-parallel-europarl-v7.tgz, training-parallel-commoncrawl.tgz,
+    training-parallel-nc-v12.tgz, dev.tgz (WMT17's) and test-full.tgz; --archive DIR: a folder of
+    these five; --url: a mirror folder holding them.
+    Steps: fetch, extract (all five into one folder, as the release's orig/); text; tok (each
+    training file on its own, then valid: normalize-punctuation.perl | remove-non-printing-char.perl
+    | tokenizer.perl -a; test: the '<seg id' lines of newstest2014 (full), tags removed, ’ -> ',
+    tokenizer.perl -a); clean (clean-corpus-n.perl 1 80 on train); bpe-learn, bpe (32,764 merges);
+    binarize. Sizes: 3,000 / 3,003; train "~4.5M" (fairseq PR #203; checked as 4.4M-4.6M)."""
+    o, work = prep.o, prep.work
+    if o.archive and not o.archive.is_dir():
+        raise PrepareError(f"--archive must be a folder holding the five upstream files ({' '.join(WMT14_URLS)}), "
+                           f"got the file {o.archive}")
+    if o.sha256:
+        raise PrepareError("--sha256 checks one archive; for the five upstream files use --sha256-file FILE")
+    if o.bpe == "none":
+        raise PrepareError("--bpe none: WMT14 is used with a subword vocabulary (subword-nmt)")
+    root, txt, tok = work / "extract", work / "text", work / "tok"
+    parts = ("training/europarl-v7.de-en", "commoncrawl.de-en", "training/news-commentary-v12.de-en")  # the release's order
+    sgm = {"en": root / "test-full" / "newstest2014-deen-src.en.sgm", "de": root / "test-full" / "newstest2014-deen-ref.de.sgm"}
+
+    def wmt14_text(out):
+        prep.require(*[root / f"{p}.{lang}" for p in parts for lang in ("en", "de")], *sgm.values(),
+                     root / "dev" / "newstest2013.en", root / "dev" / "newstest2013.de")
+        for k, p in enumerate(parts):
+            for lang in ("en", "de"):
+                link(root / f"{p}.{lang}", out / f"train.part{k}.{lang}")
+            aligned(out, (f"train.part{k}",), "en", "de")
+        for lang in ("en", "de"):
+            link(root / "dev" / f"newstest2013.{lang}", out / f"valid.{lang}")
+            text.iwslt_xml_file([sgm[lang]], out / f"test.{lang}")
+        aligned(out, ("valid", "test"), "en", "de")
+
+    def tokenize(out):
+        for lang in ("en", "de"):
+            for name in [f"train.part{k}" for k in range(len(parts))] + ["valid"]:
+                tokenize_file(txt / f"{name}.{lang}", out / f"{name}.{lang}", lang, aggressive=True, norm=True,
+                              rem=True, workers=o.workers)
+            concat([out / f"train.part{k}.{lang}" for k in range(len(parts))], out / f"train.{lang}", remove=True)
+            tokenize_file(txt / f"test.{lang}", out / f"test.{lang}", lang, aggressive=True, workers=o.workers)
+        aligned(out, ("train",), "en", "de")
+
+    def clean(out):
+        clean_corpus(tok / "train.en", tok / "train.de", out / "train.en", out / "train.de", 1, 80)
+        for name in ("valid.en", "valid.de", "test.en", "test.de"):
+            link(tok / name, out / name)
+
+    fetch = prep.fetch([(name, prep.url(url, name), "tgz") for name, url in WMT14_URLS.items()])
+    prep.step("extract", lambda out: [prep.extract(out, fetch / name) for name in WMT14_URLS])
+    prep.step("text", wmt14_text)
+    prep.step("tok", tokenize)
+    prep.step("clean", clean)
+    prep.check_sizes(work / "clean", "en", {"train": (4400000, 4600000), "valid": 3000, "test": 3003})
+    prep.bpe_and_binarize(work / "clean", "en", "de", {
+        "dataset": "wmt14.en-de", "lowercased": False,
+        "recipe": "sIncerass/powernorm trans-scripts/data-preprocessing/prepare-wmt14en2de.sh "
+                  "(fairseq v0.6.0 prepare-wmt14en2de.sh --scaling18)",
+        "tokenizer": "moses normalize-punctuation.perl, remove-non-printing-char.perl, tokenizer.perl -a "
+                     "(mosesdecoder HEAD 34452895f)"})
+
+
+def iwslt15_envi(prep):
+    """IWSLT15 English-Vietnamese (TED) from the Stanford NLP release (Luong and Manning 2015),
+    binarized for En->Vi: train = train.{en,vi}, valid = tst2012, test = tst2013 (133,317 / 1,553
+    / 1,268 pairs), Moses-tokenized and cased as released. The default BPE (joint subword-nmt, 8,000
+    merges) is this project's choice: no source states the En-Vi vocabulary of Xu et al. 2019.
+    Default source: the six files under https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi
+    (no published checksum); --url may name a tar of them; --archive: a folder holding them, or
+    a tar archive of them.
+    Steps: fetch, extract; text (characters that fairseq or subword-nmt would read as line breaks
+    become spaces; --lowercase); bpe-learn, bpe; binarize."""
+    o, work = prep.o, prep.work
+    files = [f"{s}.{lang}" for s in ("train", "tst2012", "tst2013") for lang in ("en", "vi")]
+    tarball = bool(o.archive and not o.archive.is_dir()) or o.url.endswith((".tgz", ".tar", ".tar.gz", ".tar.xz"))
+    if o.sha256 and not tarball:
+        raise PrepareError("--sha256 checks a tar --archive; for the six separate files use --sha256-file FILE")
+    url = prep.url("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi", None)
+
+    def extract(out):
+        if not tarball:
+            for f in files:
+                shutil.copy(work / "fetch" / f, out / f)
+            return
+        prep.extract(out, work / "fetch" / "iwslt15-en-vi.tar", "unpacked")
+        d = find_dir(out / "unpacked", "train.en", f"{o.archive or o.url}; pass --archive with the Stanford IWSLT15 "
+                     "en-vi files")
+        for f in files:
+            prep.require(d / f)
+            why = text.check_kind(d / f, "text")
+            if why:
+                raise PrepareError(f"{f} in {o.archive or o.url} {why}")
+            os.replace(d / f, out / f)
+        shutil.rmtree(out / "unpacked")
+
+    def envi_text(out):
+        for split, name in (("train", "train"), ("valid", "tst2012"), ("test", "tst2013")):
+            for lang in ("en", "vi"):
+                n = text.sanitize_breaks(work / "extract" / f"{name}.{lang}", out / f"{split}.{lang}")
+                if n:
+                    prep.log(f"{name}.{lang}: {n} lines held line-breaking characters other than \\n (now spaces)")
+                if o.lowercase:
+                    lowercase_file(out / f"{split}.{lang}", out / "lc")
+                    os.replace(out / "lc", out / f"{split}.{lang}")
+        aligned(out, SPLITS, "en", "vi")
+
+    if tarball:
+        prep.fetch([("iwslt15-en-vi.tar", o.url, "tar")])
+    else:
+        prep.fetch([(f, f"{url.rstrip('/')}/{f}", "text") for f in files])
+    prep.step("extract", extract)
+    prep.step("text", envi_text, params=f"lowercase={o.lowercase}")
+    prep.check_sizes(work / "text", "en", {"train": 133317, "valid": 1553, "test": 1268})
+    prep.bpe_and_binarize(work / "text", "en", "vi", {
+        "dataset": "iwslt15.en-vi", "lowercased": o.lowercase, "recipe": "Stanford NMT iwslt15.en-vi files as released",
+        "bpe_note": "the default BPE is this project's choice: no source states the En-Vi vocabulary of Xu et al. 2019"})
+
+
+def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tokens, vocabulary, recipe):
+    """The steps of a word-level language-model corpus: fetch; text (the three MEMBERS of the
+    archive, each UTF-8 text, and their counts); the published sizes; binarize
+    (fairseq-preprocess --only-source, the dictionary from train, as fairseq's
+    examples/language_model)."""
+    def lm_text(out):
+        source = (prep.work / "fetch" / archive).resolve()  # errors name the file given
+        text.extract_members(source, list(zip(members, SPLITS)), out)
+        for member, split in zip(members, SPLITS):
+            why = text.check_kind(out / split, "text")
+            if why:
+                raise PrepareError(f"{member} in {source} {why}")
+        text.write_stats(out / "stats", text.lm_stats([(s, out / s) for s in SPLITS]))
+
+    def manifest(out):
+        st = text.read_stats(folder / "stats")
+        return {"dataset": dataset, "bpe": "none", "remove_bpe": None, "sizes": {s: st[f"{s}.lines"] for s in SPLITS},
+                "tokens": {s: st[f"{s}.tokens"] for s in SPLITS}, "vocabulary": st["vocabulary"],
+                "dictionary_size": 4 + text.count_lines(out / "dict.txt"), "recipe": recipe}
+
+    prep.fetch([(archive, prep.url(url, None), kind)])
+    folder = prep.step("text", lm_text)
+    st = text.read_stats(folder / "stats")
+    prep.log("tokens are counted as fairseq-preprocess and the published figures count them: "
+             "the words and one end of sentence a line")
+    prep.check_figures(folder, [(s, st[f"{s}.{unit}"], want[k], unit) for k, s in enumerate(SPLITS)
+                                for unit, want in (("lines", lines), ("tokens", tokens))]
+                       + [("train", st["vocabulary"], vocabulary, "words in its vocabulary (with the end of sentence)")])
+    prep.binarize(folder, ["--only-source"], manifest)
+
+
+def ptb(prep):
+    """The Penn Treebank language-model corpus as Mikolov et al. released it (word level:
+    lowercased, numbers as N, 10,000 words with <unk>, one sentence a line), used as released and
+    binarized for fairseq's language_modeling task. Default source:
+    http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz (its md5, published by
+    PaddlePaddle's dataset/imikolov.py, is enforced); members ./simple-examples/data/ptb.*.txt.
+    Sizes enforced: 42,068 / 3,370 / 3,761 lines; 929,589 / 73,760 / 82,430 tokens (the words and
+    one end of sentence a line, as fairseq-preprocess counts them and as the usual "929k/73k/82k
+    words" do: edwardlib/observations observations/ptb.py); a vocabulary of 10,000 with the end
+    of sentence."""
+    members = [f"simple-examples/data/ptb.{s}.txt" for s in SPLITS]
+    language_model_corpus(prep, "ptb", "simple-examples.tgz", "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
+                          "tgz", members, (42068, 3370, 3761), (929589, 73760, 82430), 10000,
+                          "Mikolov et al. simple-examples.tgz data/ptb.*.txt as released")
+
+
+def wikitext103(prep):
+    """WikiText-103 (Merity et al. 2016, word level), used as released and binarized as fairseq's
+    examples/language_model/README.md does. Default source:
+    https://wikitext.smerity.com/wikitext-103-v1.zip, the mirror kept by the dataset's author
+    (fairseq's S3 address has answered 403 since 2024: pytorch/text#2255); its size and sha256
+    (huggingface/datasets datasets/wikitext/dataset_infos.json) are enforced.
+    Sizes enforced: 1,801,350 / 3,760 / 4,358 lines (torchtext's WikiText103 NUM_LINES);
+    103,227,021 / 217,646 / 245,569 tokens, the published figures, which count the words and one
+    end of sentence a line (urvashik/knnlm README); a vocabulary of 267,735 with the end of
+    sentence (the transfo-xl-wt103 config)."""
+    members = [f"wikitext-103/wiki.{s}.tokens" for s in SPLITS]
+    language_model_corpus(prep, "wikitext-103", "wikitext-103-v1.zip", "https://wikitext.smerity.com/wikitext-103-v1.zip",
+                          "zip", members, (1801350, 3760, 4358), (103227021, 217646, 245569), 267735,
+                          "fairseq examples/language_model (wikitext-103-v1.zip as released)")
+
+
+def aligned(folder, splits, src, tgt):
+    for split in splits:
+        text.check_aligned(folder / f"{split}.{src}", folder / f"{split}.{tgt}")
+
+
+def concat(paths, out, remove=False):
+    """`cat PATHS > OUT`."""
+    with open(out, "wb") as f:
+        for p in paths:
+            with open(p, "rb") as part:
+                shutil.copyfileobj(part, f, 1 << 20)
+            if remove:
+                os.remove(p)
+
+
+def link(src, dst):
+    """A hard link where the file system allows one (WMT's text is GBs), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy(src, dst)
+
+
+def find_dir(root, name, where):
+    """The folder under ROOT that holds NAME (archives may or may not wrap their files in one)."""
+    found = sorted(root.rglob(name))
+    if not found:
+        raise PrepareError(f"{name} is not in {where}")
+    return found[0].parent
+
+
+# scripts/prepare-NAME.sh: (recipe, output folder under data/data-bin, default --bpe-size or None
+# for a word-level corpus, the dataset's own switches)
+DATASETS = {
+    "iwslt14": (iwslt14, "iwslt14.tokenized.de-en", 10000, {}),
+    "iwslt15-envi": (iwslt15_envi, "iwslt15.en-vi", 8000, {"--lowercase": "lowercase both sides"}),
+    "wmt14": (wmt14, "wmt14_en_de_joined_dict", 32764, {}),
+    "wmt16": (wmt16, "wmt16_en_de_bpe32k", 32000, {}),
+    "ptb": (ptb, "ptb", None, {}),
+    "wikitext103": (wikitext103, "wikitext-103", None, {}),
+}
+
+
+def main(argv):
+    if not argv or argv[0] not in DATASETS:
+        print(f"ERROR: the dataset must be one of {', '.join(DATASETS)}, got {argv[0] if argv else 'none'}",
+              file=sys.stderr)
+        return 2
+    name, (recipe, dest, bpe_size, flags) = argv[0], DATASETS[argv[0]]
+    try:
+        prep = Prep(name, parse_options(name, argv[1:], recipe.__doc__, bpe_size, flags), dest)
+        prep.log(f"work folder {prep.work}, output {prep.dest}")
+        recipe(prep)
+        prep.log(f"all steps done in {time.time() - prep.t0:.0f}s")
+    except PrepareError as e:
+        print(f"ERROR: [{name}] {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"ERROR: [{name}] {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
