@@ -310,7 +310,7 @@ class Prep:
                 shutil.copy(codes, out / "code")
             folder = self.step("bpe", apply)
         info = {"source_lang": src, "target_lang": tgt, "bpe": self.o.bpe,
-                "bpe_size": self.o.bpe_size if self.o.bpe != "none" else None, **info}
+                "bpe_size": self.o.bpe_size if self.o.bpe != "none" else None, "remove_bpe": REMOVE_BPE[self.o.bpe], **info}
         self.binarize(folder, ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary", *preprocess_args],
                       lambda out: {**info, "sizes": {s: text.count_lines(folder / f"{s}.{src}") for s in SPLITS}})
 

@@ -512,10 +512,12 @@ def test_bad_options(tmp_path, args, says):
 
 
 @pytest.mark.slow
-def test_iwslt14_killed_mid_step_then_rerun(tmp_path, iwslt14_archive):
+def test_iwslt14_killed_mid_step_then_rerun(tmp_path):
     """SIGKILL inside a step, twice: no step is marked done with partial output, and the
-    re-run's output is byte-identical to that of a run never interrupted."""
-    args = ("--archive", iwslt14_archive, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
+    re-run's output is byte-identical to that of a run never interrupted. The corpus is ten
+    times the held-out one, so that each step runs long enough for the kill to land in it."""
+    archive = make_iwslt14_archive(tmp_path / "de-en.tgz", iwslt14_corpus() * 10)
+    args = ("--archive", archive, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
     whole, work = tmp_path / "whole", tmp_path / "work"
     assert run("prepare-iwslt14.sh", *args, "--work", whole).returncode == 0
     run_killed_in("split", "prepare-iwslt14.sh", *args, "--work", work)

@@ -68,12 +68,12 @@ WT_VALID = wikitext_article("Robert Boulter", 7)
 WT_TEST = wikitext_article("Tower Building", 1)[:5]
 
 
-def make_wikitext_zip(path, drop=None, stored=False):
+def make_wikitext_zip(path, drop=None, stored=False, train=WT_TRAIN):
     """wikitext-103-v1.zip's layout: a wikitext-103/ folder entry and the three .tokens."""
     kind = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(zipfile.ZipInfo("wikitext-103/", date_time=(2016, 9, 26, 0, 0, 0)), b"")
-        for split, text in (("train", WT_TRAIN), ("valid", WT_VALID), ("test", WT_TEST)):
+        for split, text in (("train", train), ("valid", WT_VALID), ("test", WT_TEST)):
             if split != drop:
                 info = zipfile.ZipInfo(f"wikitext-103/wiki.{split}.tokens", date_time=(2016, 9, 26, 0, 0, 0))
                 z.writestr(info, "".join(x + "\n" for x in text).encode("utf-8"), compress_type=kind)
@@ -326,8 +326,9 @@ def test_wikitext103_binarized(tmp_path):
 @pytest.mark.slow
 def test_wikitext103_killed_mid_step_then_rerun(tmp_path):
     """SIGKILL inside the text step: nothing marked done past fetch, and the re-run's output
-    is byte-identical to that of a run never interrupted."""
-    archive = make_wikitext_zip(tmp_path / "wt103-small.zip")
+    is byte-identical to that of a run never interrupted. The training text is 5,000 times
+    the small one (about 9 MB), so that the step runs long enough for the kill to land in it."""
+    archive = make_wikitext_zip(tmp_path / "wt103-small.zip", train=WT_TRAIN * 5000)
     args = ("--archive", archive, "--no-binarize", "--skip-size-check")
     whole, work = tmp_path / "whole", tmp_path / "work"
     assert run("prepare-wikitext103.sh", *args, "--work", whole).returncode == 0
