@@ -1,15 +1,17 @@
 """Prepare a corpus of the papers and binarize it for fairseq: `python scripts/prepare.py
 DATASET [options]`, which scripts/prepare-DATASET.sh runs. One function per dataset holds its
 steps in order, each a call of the upstream script's step it reproduces; prepare_steps.py
-runs them (a step done before is skipped), prepare_text.py and prepare_moses.py do the text.
+runs them (a step done before is skipped), prepare_text.py and prepare_corpus.py do the text.
 """
+import collections
 import os
 import shutil
 import sys
 import time
 
+import prepare_corpus as corpus
 import prepare_text as text
-from prepare_moses import clean_corpus, lowercase_file, sgm_file, tokenize_file
+from prepare_text import clean_corpus, lowercase_file, tokenize_file
 from prepare_steps import SPLITS, Prep, PrepareError, parse_options
 
 
@@ -31,8 +33,8 @@ def iwslt14(prep):
         for lang in ("de", "en"):
             xmls = [orig / f"IWSLT14.{s}.de-en.{lang}.xml" for s in test_sets]
             prep.require(orig / f"train.tags.de-en.{lang}", *xmls)
-            text.write_lines(out / f"train.{lang}", text.iwslt_train_lines(text.iter_lines(orig / f"train.tags.de-en.{lang}")))
-            text.iwslt_xml_file(xmls, out / f"test.{lang}")
+            text.write_lines(out / f"train.{lang}", corpus.iwslt_train_lines(text.iter_lines(orig / f"train.tags.de-en.{lang}")))
+            corpus.iwslt_xml_file(xmls, out / f"test.{lang}")
         aligned(out, ("train", "test"), "de", "en")
 
     def tokenize(out):
@@ -45,7 +47,7 @@ def iwslt14(prep):
         for lang in ("de", "en"):
             lowercase_file(out / f"clean.{lang}", out / f"clean.lc.{lang}")
             lowercase_file(tok / f"test.{lang}", out / f"test.{lang}")
-            text.split_every(23, out / f"clean.lc.{lang}", out / f"train.{lang}", out / f"valid.{lang}")
+            corpus.split_every(23, out / f"clean.lc.{lang}", out / f"train.{lang}", out / f"valid.{lang}")
             os.remove(out / f"clean.{lang}")
             os.remove(out / f"clean.lc.{lang}")
         aligned(out, SPLITS, "de", "en")
@@ -57,7 +59,7 @@ def iwslt14(prep):
     prep.step("split", split)
     prep.check_sizes(work / "split", "de", {"train": 160239, "valid": 7283, "test": 6750})
     prep.bpe_and_binarize(work / "split", "de", "en", {
-        "dataset": "iwslt14.de-en", "lowercased": True, "recipe": "fairseq examples/translation/prepare-iwslt14.sh",
+        "dataset": "iwslt14.de-en", "recipe": "fairseq examples/translation/prepare-iwslt14.sh",
         "tokenizer": "moses tokenizer.perl (mosesdecoder HEAD 75d4c672e)"})
 
 
@@ -99,7 +101,7 @@ def wmt16(prep):
     if o.bpe == "none":
         raise PrepareError("--bpe none: WMT16 is used with a subword vocabulary (subword-nmt)")
     root, sizes = work / "extract", {"train": (4400000, 4600000), "valid": 3000, "test": 3003}
-    info = {"dataset": "wmt16.en-de", "lowercased": False, "recipe": "google/seq2seq bin/data/wmt16_en_de.sh",
+    info = {"dataset": "wmt16.en-de", "recipe": "google/seq2seq bin/data/wmt16_en_de.sh",
             "tokenizer": "moses tokenizer.perl as of 2017 (before mosesdecoder 9fc964da7)",
             "from": "google" if google else "raw"}
     args = ("--nwordssrc", "32768", "--nwordstgt", "32768")
@@ -126,8 +128,8 @@ def wmt16(prep):
         for lang in ("en", "de"):
             concat([root / f"{p}.{lang}" for p in parts], out / f"train.{lang}")
             link(dev / f"newstest2013.{lang}", out / f"valid.{lang}")
-        sgm_file(dev / "newstest2014-deen-src.de.sgm", out / "test.de")
-        sgm_file(dev / "newstest2014-deen-ref.en.sgm", out / "test.en")
+        corpus.sgm_file(dev / "newstest2014-deen-src.de.sgm", out / "test.de")
+        corpus.sgm_file(dev / "newstest2014-deen-ref.en.sgm", out / "test.en")
         aligned(out, SPLITS, "en", "de")
 
     def tokenize(out):
@@ -202,7 +204,7 @@ def wmt14(prep):
             aligned(out, (f"train.part{k}",), "en", "de")
         for lang in ("en", "de"):
             link(root / "dev" / f"newstest2013.{lang}", out / f"valid.{lang}")
-            text.iwslt_xml_file([sgm[lang]], out / f"test.{lang}")
+            corpus.iwslt_xml_file([sgm[lang]], out / f"test.{lang}")
         aligned(out, ("valid", "test"), "en", "de")
 
     def tokenize(out):
@@ -226,7 +228,7 @@ def wmt14(prep):
     prep.step("clean", clean)
     prep.check_sizes(work / "clean", "en", {"train": (4400000, 4600000), "valid": 3000, "test": 3003})
     prep.bpe_and_binarize(work / "clean", "en", "de", {
-        "dataset": "wmt14.en-de", "lowercased": False,
+        "dataset": "wmt14.en-de",
         "recipe": "sIncerass/powernorm trans-scripts/data-preprocessing/prepare-wmt14en2de.sh "
                   "(fairseq v0.6.0 prepare-wmt14en2de.sh --scaling18)",
         "tokenizer": "moses normalize-punctuation.perl, remove-non-printing-char.perl, tokenizer.perl -a "
@@ -260,7 +262,7 @@ def iwslt15_envi(prep):
                      "en-vi files")
         for f in files:
             prep.require(d / f)
-            why = text.check_kind(d / f, "text")
+            why = corpus.check_kind(d / f, "text")
             if why:
                 raise PrepareError(f"{f} in {o.archive or o.url} {why}")
             os.replace(d / f, out / f)
@@ -269,10 +271,10 @@ def iwslt15_envi(prep):
     def envi_text(out):
         for split, name in (("train", "train"), ("valid", "tst2012"), ("test", "tst2013")):
             for lang in ("en", "vi"):
-                n = text.sanitize_breaks(work / "extract" / f"{name}.{lang}", out / f"{split}.{lang}")
+                n = corpus.sanitize_breaks(work / "extract" / f"{name}.{lang}", out / f"{split}.{lang}")
                 if n:
                     prep.log(f"{name}.{lang}: {n} lines held line-breaking characters other than \\n (now spaces)")
-                if o.lowercase:
+                if prep.lowercased:
                     lowercase_file(out / f"{split}.{lang}", out / "lc")
                     os.replace(out / "lc", out / f"{split}.{lang}")
         aligned(out, SPLITS, "en", "vi")
@@ -282,10 +284,10 @@ def iwslt15_envi(prep):
     else:
         prep.fetch([(f, f"{url.rstrip('/')}/{f}", "text") for f in files])
     prep.step("extract", extract)
-    prep.step("text", envi_text, params=f"lowercase={o.lowercase}")
+    prep.step("text", envi_text, params=f"lowercase={prep.lowercased}")
     prep.check_sizes(work / "text", "en", {"train": 133317, "valid": 1553, "test": 1268})
     prep.bpe_and_binarize(work / "text", "en", "vi", {
-        "dataset": "iwslt15.en-vi", "lowercased": o.lowercase, "recipe": "Stanford NMT iwslt15.en-vi files as released",
+        "dataset": "iwslt15.en-vi", "recipe": "Stanford NMT iwslt15.en-vi files as released",
         "bpe_note": "the default BPE is this project's choice: no source states the En-Vi vocabulary of Xu et al. 2019"})
 
 
@@ -296,22 +298,22 @@ def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tok
     examples/language_model)."""
     def lm_text(out):
         source = (prep.work / "fetch" / archive).resolve()  # errors name the file given
-        text.extract_members(source, list(zip(members, SPLITS)), out)
+        corpus.extract_members(source, list(zip(members, SPLITS)), out)
         for member, split in zip(members, SPLITS):
-            why = text.check_kind(out / split, "text")
+            why = corpus.check_kind(out / split, "text")
             if why:
                 raise PrepareError(f"{member} in {source} {why}")
-        text.write_stats(out / "stats", text.lm_stats([(s, out / s) for s in SPLITS]))
+        corpus.write_stats(out / "stats", corpus.lm_stats([(s, out / s) for s in SPLITS]))
 
     def manifest(out):
-        st = text.read_stats(folder / "stats")
+        st = corpus.read_stats(folder / "stats")
         return {"dataset": dataset, "bpe": "none", "remove_bpe": None, "sizes": {s: st[f"{s}.lines"] for s in SPLITS},
                 "tokens": {s: st[f"{s}.tokens"] for s in SPLITS}, "vocabulary": st["vocabulary"],
                 "dictionary_size": 4 + text.count_lines(out / "dict.txt"), "recipe": recipe}
 
     prep.fetch([(archive, prep.url(url, None), kind)])
     folder = prep.step("text", lm_text)
-    st = text.read_stats(folder / "stats")
+    st = corpus.read_stats(folder / "stats")
     prep.log("tokens are counted as fairseq-preprocess and the published figures count them: "
              "the words and one end of sentence a line")
     prep.check_figures(folder, [(s, st[f"{s}.{unit}"], want[k], unit) for k, s in enumerate(SPLITS)
@@ -383,15 +385,16 @@ def find_dir(root, name, where):
     return found[0].parent
 
 
-# scripts/prepare-NAME.sh: (recipe, output folder under data/data-bin, default --bpe-size or None
-# for a word-level corpus, the dataset's own switches)
+# scripts/prepare-NAME.sh: its recipe, output folder under data/data-bin, default --bpe-size (None:
+# a word-level corpus), whether its text is lowercased by default, and its own switches
+Dataset = collections.namedtuple("Dataset", "recipe dest bpe_size lowercased flags", defaults=(False, {}))
 DATASETS = {
-    "iwslt14": (iwslt14, "iwslt14.tokenized.de-en", 10000, {}),
-    "iwslt15-envi": (iwslt15_envi, "iwslt15.en-vi", 8000, {"--lowercase": "lowercase both sides"}),
-    "wmt14": (wmt14, "wmt14_en_de_joined_dict", 32764, {}),
-    "wmt16": (wmt16, "wmt16_en_de_bpe32k", 32000, {}),
-    "ptb": (ptb, "ptb", None, {}),
-    "wikitext103": (wikitext103, "wikitext-103", None, {}),
+    "iwslt14": Dataset(iwslt14, "iwslt14.tokenized.de-en", 10000, lowercased=True),
+    "iwslt15-envi": Dataset(iwslt15_envi, "iwslt15.en-vi", 8000, flags={"--lowercase": "lowercase both sides"}),
+    "wmt14": Dataset(wmt14, "wmt14_en_de_joined_dict", 32764),
+    "wmt16": Dataset(wmt16, "wmt16_en_de_bpe32k", 32000),
+    "ptb": Dataset(ptb, "ptb", None),
+    "wikitext103": Dataset(wikitext103, "wikitext-103", None),
 }
 
 
@@ -400,11 +403,11 @@ def main(argv):
         print(f"ERROR: the dataset must be one of {', '.join(DATASETS)}, got {argv[0] if argv else 'none'}",
               file=sys.stderr)
         return 2
-    name, (recipe, dest, bpe_size, flags) = argv[0], DATASETS[argv[0]]
+    name, d = argv[0], DATASETS[argv[0]]
     try:
-        prep = Prep(name, parse_options(name, argv[1:], recipe.__doc__, bpe_size, flags), dest)
+        prep = Prep(name, parse_options(name, argv[1:], d.recipe.__doc__, d.bpe_size, d.flags), d.dest, d.lowercased)
         prep.log(f"work folder {prep.work}, output {prep.dest}")
-        recipe(prep)
+        d.recipe(prep)
         prep.log(f"all steps done in {time.time() - prep.t0:.0f}s")
     except PrepareError as e:
         print(f"ERROR: [{name}] {e}", file=sys.stderr)

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import prepare_corpus as corpus
 import prepare_text as text
 from prepare_text import PrepareError
 
@@ -23,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("train", "valid", "test")
 # The value a config passes to fairseq-generate --remove-bpe for each BPE type.
 REMOVE_BPE = {"subword-nmt": "@@ ", "none": None}
+BPE = "subword-nmt"  # the default --bpe of a translation corpus
 # Published size and checksum of an archive, by file name: enforced on every copy.
 PUBLISHED = {
     # tensorflow/datasets tensorflow_datasets/url_checksums/wmt14_translate.txt, wmt16_translate.txt,
@@ -62,7 +64,7 @@ def parse_options(name, argv, doc, bpe_size, flags):
     add("--work", default=str(REPO / "data" / name.split("-")[0]), help="working folder (default: %(default)s)")
     add("--dest", default="", help="fairseq-preprocess output (default: data/data-bin/<name>)")
     if bpe_size is not None:
-        add("--bpe", default="subword-nmt", help="subword-nmt or none (default: %(default)s)")
+        add("--bpe", default=BPE, help="subword-nmt or none (default: %(default)s)")
         add("--bpe-size", default=str(bpe_size), help="subword-nmt merges (default: %(default)s)")
     for flag, help in flags.items():
         add(flag, action="store_true", help=help)
@@ -140,8 +142,9 @@ def download(url, path):
 class Prep:
     """One run of a dataset's recipe: its options ``o`` and the steps done so far."""
 
-    def __init__(self, name, o, dest_name):
+    def __init__(self, name, o, dest_name, lowercased):
         self.name, self.o, self.work = name, o, o.work
+        self.lowercased = lowercased or getattr(o, "lowercase", False)
         self.dest = o.dest or REPO / "data" / "data-bin" / dest_name
         self.prev = None  # the last step's output
         self.size_check = "not run"
@@ -224,7 +227,7 @@ class Prep:
                                    f"{path}.bad; re-run to download it again, or pass --archive PATH to a good copy")
             raise PrepareError(f"{path} {why}; pass --archive PATH to a good copy")
         sniffed, is_tar = KINDS[kind]
-        why = text.check_kind(path, sniffed) or (is_tar and text.tar_problem(path))
+        why = corpus.check_kind(path, sniffed) or (is_tar and corpus.tar_problem(path))
         if why:
             bad(why)
         size, want = PUBLISHED.get(path.name, (None, None))
@@ -299,17 +302,17 @@ class Prep:
         none with --bpe none or ``bpe_done``), then binarize (fairseq-preprocess
         --joined-dictionary) with prepare.json: ``info`` and what every corpus records."""
         if self.o.bpe != "none" and not bpe_done:
-            codes = self.step("bpe-learn", lambda out: text.bpe_learn(
+            codes = self.step("bpe-learn", lambda out: corpus.bpe_learn(
                 out / "code", self.o.bpe_size, [folder / f"train.{src}", folder / f"train.{tgt}"]),
                 params=f"{self.o.bpe} {self.o.bpe_size}") / "code"
 
             def apply(out):
                 for s in SPLITS:
                     for lang in (src, tgt):
-                        text.bpe_apply(codes, folder / f"{s}.{lang}", out / f"{s}.{lang}", self.o.workers)
+                        corpus.bpe_apply(codes, folder / f"{s}.{lang}", out / f"{s}.{lang}", self.o.workers)
                 shutil.copy(codes, out / "code")
             folder = self.step("bpe", apply)
-        info = {"source_lang": src, "target_lang": tgt, "bpe": self.o.bpe,
+        info = {"source_lang": src, "target_lang": tgt, "bpe": self.o.bpe, "lowercased": self.lowercased,
                 "bpe_size": self.o.bpe_size if self.o.bpe != "none" else None, "remove_bpe": REMOVE_BPE[self.o.bpe], **info}
         self.binarize(folder, ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary", *preprocess_args],
                       lambda out: {**info, "sizes": {s: text.count_lines(folder / f"{s}.{src}") for s in SPLITS}})

@@ -1,16 +1,15 @@
-"""The text steps of scripts/prepare.py that are not Moses ports (those are in
-prepare_moses.py): what a downloaded file is, fairseq's prepare-iwslt14.sh grep/sed/awk
-lines, subword-nmt, the members and counts of the language-model corpora. Functions take
-and write whole files; bad input raises PrepareError with one line naming the file.
+"""Line-for-line ports of mosesdecoder's perl scripts (tokenizer.perl,
+normalize-punctuation.perl, remove-non-printing-char.perl, clean-corpus-n.perl, lowercase.perl),
+so that no perl or mosesdecoder checkout is needed, and the file helpers of the text steps.
+Where a Python library and the perl script disagree, the perl script wins: tests/test_prepare.py
+requires our output to be byte-identical to the upstream scripts' (tests/fixtures/*-golden/).
 """
-import codecs
+import itertools
 import os
 import re
-import shutil
-import tarfile
-import zipfile
-import zlib
+import sys
 
+import regex  # perl's Unicode character classes (a fairseq dependency, in requirements.txt)
 
 class PrepareError(Exception):
     """A bad input or option, explained in one line (scripts/prepare.py prints it as ERROR)."""
@@ -71,270 +70,341 @@ def check_aligned(*paths):
                            + ", ".join(f"{p} has {c} lines" for p, c in zip(paths, counts)))
 
 
-# --- what a downloaded file is ----------------------------------------------------
+# --- mosesdecoder scripts/tokenizer/tokenizer.perl --------------------------------------
+#
+# A port of tokenize() for tokenizer.perl's defaults (escaping on, no -a, -penn,
+# -protected), languages other than fi/sv/ca/tdt/fr/it/ga/so. sacremoses is close but
+# not identical: it lacks the final-dot rule of mosesdecoder 9fc964da7 (2018-11-07)
+# and splits CJK characters, which perl's \p{IsAlnum} keeps together. Perl's
+# classes are spelled out with the `regex` module's Unicode properties.
 
-def sniff(path):
-    """(kind, description) of a file from its first bytes."""
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    if not head:
-        return "empty", "is empty"
-    if head[:2] == b"\x1f\x8b":
-        return "gzip", "is a gzip file"
-    if head[:3] == b"BZh":
-        return "bzip2", "is a bzip2 file"
-    if head[:6] == b"\xfd7zXZ\x00":
-        return "xz", "is an xz file"
-    if head[:4] == b"PK\x03\x04":
-        return "zip", "is a zip archive"
-    if head[257:262] == b"ustar":
-        return "tar", "is a tar archive"
-    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n").lower()
-    if text.startswith(("<!doctype html", "<html")) or ("<html" in text and "<head" in text):
-        return "html", "is an HTML page (a server's error, login or confirmation page?)"
-    if b"\x00" in head:
-        return "binary", "is binary data"
+# perl's \s on character strings (binmode :utf8); Python's \s adds \x1c-\x1f
+_PERL_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_ALNUM = r"\p{Alphabetic}\p{Nd}"  # \p{IsAlnum}
+_ALPHA = r"\p{Alphabetic}"         # \p{IsAlpha}
+_NUM = r"\p{N}"                    # \p{IsN}
+
+_T = {
+    "blank": regex.compile(f"[{_PERL_WS}]*"),
+    "ws": regex.compile(f"[{_PERL_WS}]+"),
+    "ws1": regex.compile(f"[{_PERL_WS}]"),
+    "junk": regex.compile(r"[\x00-\x1f]"),
+    "spaces": regex.compile(" +"),
+    "special": regex.compile(f"([^{_ALNUM}{_PERL_WS}\\.'`,\\-])"),
+    "multidot": regex.compile(r"\.([\.]+)"),
+    "multidot2": regex.compile(r"DOTMULTI\.([^\.])"),
+    "comma1": regex.compile(f"([^{_NUM}])[,]"),
+    "comma2": regex.compile(f"[,]([^{_NUM}])"),
+    "comma3": regex.compile(f"([{_NUM}])[,]$"),
+    "en1": regex.compile(f"([^{_ALPHA}])[']([^{_ALPHA}])"),
+    "en2": regex.compile(f"([^{_ALPHA}{_NUM}])[']([{_ALPHA}])"),
+    "en3": regex.compile(f"([{_ALPHA}])[']([^{_ALPHA}])"),
+    "en4": regex.compile(f"([{_ALPHA}])[']([{_ALPHA}])"),
+    "en5": regex.compile(f"([{_NUM}])[']([s])"),
+    "word_dot": regex.compile(f"([^{_PERL_WS}]+)\\."),
+    "alpha": regex.compile(f"[{_ALPHA}]"),
+    "lower_start": regex.compile(r"[\p{Lowercase}]"),
+    "digit_start": regex.compile("[0-9]+"),
+    "dot_quote": regex.compile(r"\.' ?$"),
+    "hyphen": regex.compile(f"([{_ALNUM}])\\-(?=[{_ALNUM}])"),
+}
+_ESCAPES = (("&", "&amp;"), ("|", "&#124;"), ("<", "&lt;"), (">", "&gt;"), ("'", "&apos;"),
+            ('"', "&quot;"), ("[", "&#91;"), ("]", "&#93;"))
+
+# Which mosesdecoder the tokenizer reproduces. "current": the HEAD that fairseq's
+# prepare-iwslt14.sh clones (75d4c672e, 2021). "2017": the one google/seq2seq's
+# wmt16_en_de.sh cloned in 2017, before 9fc964da7 ("split final dots
+# unconditionally", 2018-11-07) and 4da86c360 ("rupees": 'Rs' an English
+# nonbreaking prefix, 2019-11-05); nothing else in tokenizer.perl or the de/en
+# prefix files changed in between.
+MOSES_VERSIONS = ("current", "2017")
+
+
+def _nonbreaking_prefixes(lang, moses):
+    # sacremoses ships mosesdecoder's share/nonbreaking_prefixes files (for de and
+    # en identical to mosesdecoder HEAD); parsed as tokenizer.perl's load_prefixes.
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    nb = NonbreakingPrefixes()
     try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as e:
-        if e.start < len(head) - 4:  # not just a character cut at the 4096th byte
-            return "binary", "is not UTF-8 text"
-    if text.startswith(("<?xml", "<mteval", "<srcset", "<refset", "<tstset")):
-        return "xml", "is an XML file"
-    return "text", "is plain text"
+        items = list(nb.words(lang))
+    except Exception:
+        items = list(nb.words("en"))  # tokenizer.perl falls back to English
+    prefixes = {}
+    for item in items:
+        m = re.match(r"(.*)[\s]+(#NUMERIC_ONLY#)", item)
+        if m:
+            prefixes[m.group(1)] = 2
+        elif item and not item.startswith("#"):
+            prefixes[item] = 1
+    if moses == "2017" and lang == "en":
+        prefixes.pop("Rs", None)
+    return prefixes
 
 
-# What each expected kind accepts: a "tar" step unpacks any compressed tar.
-_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}, "zip": {"zip"}}
-_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file",
-          "zip": "a zip archive"}
+class MosesTokenizer:
+    """tokenizer.perl -l LANG (escaping on), one line at a time; ``aggressive``: -a."""
+
+    def __init__(self, lang, moses="current", aggressive=False):
+        if lang in ("fi", "sv", "ca", "tdt", "fr", "it", "ga", "so"):
+            raise PrepareError(f"tokenize: language '{lang}' has rules this port does not carry")
+        if moses not in MOSES_VERSIONS:
+            raise PrepareError(f"tokenize: --moses must be one of {MOSES_VERSIONS}")
+        self.lang = lang
+        self.aggressive = aggressive
+        self.final_dot = moses == "current"
+        self.prefixes = _nonbreaking_prefixes(lang, moses)
+
+    def __call__(self, line):
+        t = _T
+        if t["blank"].fullmatch(line):  # /^\s*$/: printed as it is
+            return line
+        text = t["ws"].sub(" ", " " + line + " ")
+        text = t["junk"].sub("", text)
+        text = t["spaces"].sub(" ", text)
+        text = text[1:] if text.startswith(" ") else text
+        text = text[:-1] if text.endswith(" ") else text
+        text = t["special"].sub(r" \1 ", text)
+        if self.aggressive:  # -a: "aggressive hyphen splitting", a-b -> a @-@ b
+            text = t["hyphen"].sub(r"\1 @-@ ", text)
+        text = t["multidot"].sub(r" DOTMULTI\1", text)
+        while "DOTMULTI." in text:
+            text = t["multidot2"].sub(r"DOTDOTMULTI \1", text)
+            text = text.replace("DOTMULTI.", "DOTDOTMULTI")
+        text = t["comma1"].sub(r"\1 , ", text)
+        text = t["comma2"].sub(r" , \1", text)
+        text = t["comma3"].sub(r"\1 ,", text)
+        if self.lang == "en":
+            text = t["en1"].sub(r"\1 ' \2", text)
+            text = t["en2"].sub(r"\1 ' \2", text)
+            text = t["en3"].sub(r"\1 ' \2", text)
+            text = t["en4"].sub(r"\1 '\2", text)
+            text = t["en5"].sub(r"\1 '\2", text)
+        else:
+            text = text.replace("'", " ' ")
+        text = self._words(text)
+        text = t["spaces"].sub(" ", text)
+        text = text[1:] if text.startswith(" ") else text
+        text = text[:-1] if text.endswith(" ") else text
+        text = t["dot_quote"].sub(" . ' ", text, count=1)
+        while "DOTDOTMULTI" in text:
+            text = text.replace("DOTDOTMULTI", "DOTMULTI.")
+        text = text.replace("DOTMULTI", ".")
+        for a, b in _ESCAPES:
+            text = text.replace(a, b)
+        return text
+
+    def _words(self, text):
+        # perl: split(/\s/, $text) keeps empty fields between two spaces (they are
+        # the "next word" of the one before) and drops trailing empty fields.
+        words = _T["ws1"].split(text)
+        while words and words[-1] == "":
+            words.pop()
+        last = len(words) - 1
+        out = []
+        for i, word in enumerate(words):
+            m = _T["word_dot"].fullmatch(word)
+            if m:
+                pre = m.group(1)
+                nxt = words[i + 1] if i < last else None
+                if self.final_dot and i == last:
+                    word = pre + " ."
+                elif (("." in pre and _T["alpha"].search(pre)) or self.prefixes.get(pre) == 1
+                      or (nxt is not None and _T["lower_start"].match(nxt))):
+                    pass
+                elif self.prefixes.get(pre) == 2 and nxt is not None and _T["digit_start"].match(nxt):
+                    pass
+                else:
+                    word = pre + " ."
+            out.append(word + " ")
+        return "".join(out)
 
 
-def check_kind(path, kind):
-    """None if ``path`` is of ``kind``, else a description of what it is."""
-    got, desc = sniff(path)
-    if got in _ACCEPTS[kind]:
-        if kind == "zip":  # whole: every member read and its CRC checked, as `tar -t` for a tar
-            try:
-                with zipfile.ZipFile(path) as z:
-                    bad = z.testzip()
-            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-                return f"is corrupt or truncated ({e})"
-            return f"is corrupt or truncated ({bad} fails its CRC check)" if bad else None
-        if kind == "text":  # the whole file, not only its head: a truncated or binary tail
-            return _text_problem(path)
-        return None
-    return f"{desc}, not {_NAMES[kind]}"
 
+# --- mosesdecoder scripts/tokenizer/normalize-punctuation.perl --------------------------
+#
+# The perl script has no `use utf8` and no binmode: it rewrites the UTF-8 *bytes* of each
+# line, newline included (it reads with <STDIN> and never chomps). So the port works on
+# bytes with bytes regexes: \d is [0-9], \s is ASCII whitespace, [a-z] with /i is ASCII,
+# [^<] is one byte and matches the newline (a closing quote after a final dot moves before
+# it, unless the line is a file's last and has no newline). Rules in the script's order
+# (mosesdecoder HEAD; before f6d7adde1, 2019-11-25, ‘ and ‚ became " instead of ').
 
-def tar_problem(path):
-    """None if every member of the tar at PATH reads to the end (a gzip's CRC checked, as
-    `tar -t` does), else why not."""
-    try:
-        with tarfile.open(path) as t:
-            for member in t:
-                if member.isfile():
-                    shutil.copyfileobj(t.extractfile(member), _Sink(), 1 << 20)
-    except (tarfile.TarError, zlib.error, EOFError, OSError) as e:
-        return f"is corrupt or truncated ({e})"
-    return None
-
-
-class _Sink:
-    def write(self, data):
-        return len(data)
-
-
-def _text_problem(path):
-    """None if the file is UTF-8 without NUL bytes, else what it is; read in chunks (the
-    WikiText-103 training text is 540 MB)."""
-    decoder, done = codecs.getincrementaldecoder("utf-8")(), 0
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(1 << 22)
-            pending = len(decoder.getstate()[0])  # bytes of a character cut at the last chunk's end
-            try:
-                decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as e:
-                return f"is not UTF-8 text (byte {done - pending + e.start})"
-            if not chunk:
-                return None
-            if b"\x00" in chunk:
-                return "holds NUL bytes, not text"
-            done += len(chunk)
-
-
-# --- fairseq examples/translation/prepare-iwslt14.sh -----------------------------------
-
-def iwslt_train_lines(lines):
-    """The training text as fairseq's prepare-iwslt14.sh makes it:
-        grep -v '<url>' | grep -v '<talkid>' | grep -v '<keywords>' |
-        sed -e 's/<title>//g' | sed -e 's/<\\/title>//g' |
-        sed -e 's/<description>//g' | sed -e 's/<\\/description>//g'
-    so every other metadata line (<speaker>, <reviewer ...>, <doc ...>, ...) stays."""
+def _np_rules(lang):
+    u = lambda c: c.encode("utf-8")
+    nb = u("\u00a0")
+    rules = [
+        (rb"\r", b""),
+        (rb"\(", b" ("), (rb"\)", b") "), (rb" +", b" "),
+        (rb"\) ([\.\!\:\?\;\,])", rb")\1"),
+        (rb"\( ", b"("), (rb" \)", b")"),
+        (rb"(\d) \%", rb"\1%"), (rb" :", b":"), (rb" ;", b";"),
+        (rb"`", b"'"), (rb"''", b' " '),                      # not -penn
+        (u("„"), b'"'), (u("“"), b'"'), (u("”"), b'"'), (u("–"), b"-"),
+        (u("—"), b" - "), (rb" +", b" "),
+        (u("´"), b"'"),
+        (rb"([a-z])" + u("‘") + rb"([a-z])", rb"\1'\2", True),
+        (rb"([a-z])" + u("’") + rb"([a-z])", rb"\1'\2", True),
+        (u("‘"), b"'"), (u("‚"), b"'"),
+        (u("’"), b'"'), (rb"''", b'"'), (u("´´"), b'"'), (u("…"), b"..."),
+        (nb + u("«") + nb, b' "'), (u("«") + nb, b'"'), (u("«"), b'"'),
+        (nb + u("»") + nb, b'" '), (nb + u("»"), b'"'), (u("»"), b'"'),
+        (nb + rb"\%", b"%"), (rb"n" + u("º") + nb, b"n" + u("º") + b" "), (nb + rb":", b":"),
+        (nb + u("º") + b"C", b" " + u("º") + b"C"), (nb + b"cm", b" cm"), (nb + rb"\?", b"?"),
+        (nb + rb"\!", b"!"), (nb + rb";", b";"), (rb"," + nb, b", "), (rb" +", b" "),
+    ]
+    if lang == "en":
+        rules.append((rb'"([,\.]+)', rb'\1"'))
+    elif lang not in ("cs", "cz"):
+        rules += [(rb',"', b'",'), (rb'(\.+)"(\s*[^<])', rb'"\1\2')]
+    sep = b"," if lang in ("de", "es", "cz", "cs", "fr") else b"."
+    rules.append((rb"(\d)" + nb + rb"(\d)", rb"\1" + sep + rb"\2"))
     out = []
-    for line in lines:
-        if "<url>" in line or "<talkid>" in line or "<keywords>" in line:
-            continue
-        for tag in ("<title>", "</title>", "<description>", "</description>"):
-            line = line.replace(tag, "")
-        out.append(line)
+    for rule in rules:
+        pat, rep = rule[0], rule[1]
+        flags = re.I if len(rule) > 2 else 0
+        out.append((re.compile(pat, flags), rep))
     return out
 
 
-# GNU sed's \s in a UTF-8 locale (glibc [[:space:]]); only ever next to a tag, and
-# the tokenizer trims Unicode whitespace afterwards anyway.
-_SED_SPACE = "[\t\n\x0b\x0c\r \u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205f\u3000]"
-_SEG_OPEN = re.compile('<seg id="[0-9]*">' + _SED_SPACE + "*")
-_SEG_CLOSE = re.compile(_SED_SPACE + "*</seg>" + _SED_SPACE + "*")
+class PunctNormalizer:
+    """normalize-punctuation.perl LANG on one line given with its newline (or without, for a
+    last line that has none); returns the line as the script prints it."""
+
+    def __init__(self, lang):
+        self.rules = _np_rules(lang)
+
+    def __call__(self, line):
+        b = line.encode("utf-8")
+        for pat, rep in self.rules:
+            b = pat.sub(rep, b)
+        return b.decode("utf-8")
 
 
-def iwslt_xml_lines(lines):
-    """The test text of one IWSLT .xml file as fairseq's prepare-iwslt14.sh makes it:
-        grep '<seg id' | sed -e 's/<seg id="[0-9]*">\\s*//g' |
-        sed -e 's/\\s*<\\/seg>\\s*//g' | sed -e "s/\\’/\\'/g"
-    (no XML unescaping: '&amp;' stays, and the tokenizer escapes its '&' again)."""
+# remove-non-printing-char.perl: chomp, every \p{C} (control, format, private use,
+# surrogate, unassigned) -> one space, print with "\n". Perl 5.36 knows Unicode 14; the
+# `regex` module's table may be newer, so a code point assigned after Unicode 14 (none in
+# the WMT corpora of 2013-2017) would stay here where perl makes it a space.
+_NON_PRINTING = regex.compile(r"\p{C}")
+
+
+def remove_non_printing(line):
+    if line.endswith("\n"):
+        line = line[:-1]
+    return _NON_PRINTING.sub(" ", line)
+
+_TOK = {}
+
+
+def _moses_chunk(args):
+    lang, moses, aggressive, norm, rem, lines, last_has_nl = args
+    key = (lang, moses, aggressive)
+    tok = _TOK.get(key)
+    if tok is None:
+        tok = _TOK[key] = MosesTokenizer(lang, moses, aggressive)
+    normalize = PunctNormalizer(lang) if norm else None
     out = []
-    for line in lines:
-        if "<seg id" not in line:
-            continue
-        line = _SEG_OPEN.sub("", line)
-        line = _SEG_CLOSE.sub("", line)
-        out.append(line.replace("\u2019", "'"))
-    if not out:
-        raise PrepareError('no <seg id="N"> lines found')
+    for i, line in enumerate(lines):
+        if normalize is not None:
+            nl = "\n" if (i < len(lines) - 1 or last_has_nl) else ""
+            line = normalize(line + nl)
+        if rem:
+            line = remove_non_printing(line)
+        elif line.endswith("\n"):
+            line = line[:-1]
+        out.append(tok(line))
     return out
 
 
-def iwslt_xml_file(xmls, out):
-    """The <seg id> lines of the XML files XMLS, in the order given (fairseq's `cat`), -> OUT."""
-    segs = []
-    for xml in xmls:
-        try:
-            segs += iwslt_xml_lines(iter_lines(xml))
-        except PrepareError as e:
-            raise PrepareError(f"{xml}: {e}") from None
-    write_lines(out, segs)
+def tokenize_file(inp, out, lang, moses="current", aggressive=False, norm=False, rem=False, workers=1,
+                  chunk=2000):
+    """`cat INP | [normalize-punctuation.perl LANG |] [remove-non-printing-char.perl |]
+    tokenizer.perl [-a] -l LANG > OUT`. Whether the file's last line has a newline matters
+    to normalize-punctuation.perl (see above), so files are processed one at a time, as
+    fairseq's prepare-wmt14en2de.sh does."""
+    MosesTokenizer(lang, moses, aggressive)  # fail early on a bad language
+    with open(inp, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size:
+            f.seek(-1, os.SEEK_END)
+        last_has_nl = not size or f.read(1) == b"\n"
+    parts = list(chunks(iter_lines(inp), chunk))
+    jobs = ((lang, moses, aggressive, norm, rem, c, (k < len(parts) - 1) or last_has_nl)
+            for k, c in enumerate(parts))
+    write_lines(out, parallel(_moses_chunk, jobs, workers))
 
 
-def split_every(n, inp, keep_out, every_out):
-    """awk 'NR%n != 0' INP > KEEP_OUT; awk 'NR%n == 0' INP > EVERY_OUT."""
-    lines = read_lines(inp)
-    write_lines(keep_out, (x for i, x in enumerate(lines, 1) if i % n))
-    write_lines(every_out, (x for i, x in enumerate(lines, 1) if not i % n))
+# --- mosesdecoder scripts/training/clean-corpus-n.perl ----------------------------------
+
+def clean_pairs(pairs, min_len, max_len, ratio=9.0, max_word_length=1000):
+    """clean-corpus-n.perl [-ratio R] corpus src tgt out MIN MAX over (src, tgt)
+    pairs: yields the kept pairs, *normalized* as the perl script writes them ('|'
+    removed unless the first pair has one, whitespace runs to one space, trimmed);
+    a pair is dropped if a side is empty, has fewer than MIN or more than MAX
+    words, is more than R times longer than the other, or has a word over 1000
+    characters."""
+    pairs = iter(pairs)
+    first = next(pairs, None)
+    if first is None:
+        return
+    factored = "|" in first[0] or "|" in first[1]
+    long_word = regex.compile(f"[^{_PERL_WS}|]{{{max_word_length + 1}}}")
+
+    def norm(x):
+        if not factored:
+            x = x.replace("|", "")
+        x = _T["ws"].sub(" ", x)
+        x = x[1:] if x.startswith(" ") else x
+        return x[:-1] if x.endswith(" ") else x
+
+    for f, e in itertools.chain([first], pairs):
+        f, e = norm(f), norm(e)
+        if not f or not e:
+            continue
+        fc, ec = len(f.split(" ")), len(e.split(" "))
+        if ec > max_len or fc > max_len or ec < min_len or fc < min_len:
+            continue
+        if ec / fc > ratio or fc / ec > ratio:
+            continue
+        if long_word.search(e) or long_word.search(f):
+            continue
+        yield f, e
 
 
-# Characters other than \n that some readers take as line breaks (fairseq reads
-# text with Python's universal newlines, subword-nmt with str.splitlines): in text
-# that is not tokenized (the Stanford En-Vi files) they would shift one side.
-_BREAKS = str.maketrans({c: " " for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+def clean_corpus(src, tgt, out_src, out_tgt, min_len, max_len, ratio=9.0):
+    """clean-corpus-n.perl [-ratio R] on the files SRC and TGT (ratio 9: the script's default)."""
+    kept = 0
+    with open(out_src, "w", encoding="utf-8", newline="\n") as fs, \
+            open(out_tgt, "w", encoding="utf-8", newline="\n") as ft:
+        for f, e in clean_pairs(zip_aligned(iter_lines(src), iter_lines(tgt), src, tgt), min_len, max_len, ratio):
+            fs.write(f + "\n")
+            ft.write(e + "\n")
+            kept += 1
+    seen = sum(1 for _ in iter_lines(src))
+    print(f"clean-corpus: kept {kept} of {seen} pairs", file=sys.stderr)
 
 
-def sanitize_breaks(inp, out):
-    """INP -> OUT with those characters as spaces; returns how many lines held one."""
-    lines = read_lines(inp)
-    fixed = [x.translate(_BREAKS) for x in lines]
-    write_lines(out, fixed)
-    return sum(x != y for x, y in zip(lines, fixed))
+def zip_aligned(a, b, name_a, name_b):
+    """zip of two line iterators that fails if one ends first (clean-corpus-n.perl:
+    'is too short!' / 'is too long!')."""
+    end = object()
+    for x, y in itertools.zip_longest(a, b, fillvalue=end):
+        if x is end or y is end:
+            raise PrepareError(f"{name_a} and {name_b} differ in length")
+        yield x, y
 
 
-# --- subword-nmt ------------------------------------------------------------------------
+# --- mosesdecoder scripts/tokenizer/lowercase.perl --------------------------------------
 
-class _Cat:
-    """`cat FILE...` as the text stream learn_bpe reads line by line (it takes the
-    name '<stdin>' to mean: read sequentially). Our files end with a newline, so
-    chaining their lines is what `cat` gives, without a copy of WMT16's 2.6 GB."""
-
-    name = "<stdin>"
-
-    def __init__(self, files):
-        self.files = files
-
-    def __iter__(self):
-        for f in self.files:
-            yield from iter_lines(f)
+def perl_lc(line):
+    """perl's lc(): Unicode full lowercase mapping, but no final-sigma rule (Python's
+    str.lower() writes a word-final capital sigma as 'ς', perl as 'σ')."""
+    return line.replace("\u03a3", "\u03c3").lower()
 
 
-def bpe_learn(codes, merges, files):
-    """subword-nmt learn-bpe -s MERGES < cat FILE... > CODES (min frequency 2)."""
-    from subword_nmt.learn_bpe import learn_bpe
-
-    with open(codes, "w", encoding="utf-8", newline="\n") as fout:
-        learn_bpe(_Cat(files), fout, int(merges), min_frequency=2)
 
 
-_BPE = {}
-
-
-def _bpe_chunk(args):
-    codes, lines = args
-    bpe = _BPE.get(codes)
-    if bpe is None:
-        from subword_nmt.apply_bpe import BPE
-
-        with open(codes, encoding="utf-8", newline="\n") as f:
-            bpe = _BPE[codes] = BPE(f)
-    # process_line keeps leading/trailing whitespace exactly as apply_bpe.py does
-    # with the line it reads (newline included)
-    return [bpe.process_line(line + "\n")[:-1] for line in lines]
-
-
-def bpe_apply(codes, inp, out, workers=1, chunk=5000):
-    """subword-nmt apply-bpe -c CODES < INP > OUT (separator '@@', no vocabulary filter)."""
-    write_lines(out, parallel(_bpe_chunk, ((codes, c) for c in chunks(iter_lines(inp), chunk)), workers))
-
-
-# --- language-model corpora (PTB, WikiText-103) -------------------------------------
-
-def extract_members(archive, members, out_dir):
-    """Copy each member of a tar or zip ``archive`` to OUT_DIR/NAME, for ``members`` a list
-    of (path in the archive, NAME); a leading "./" in the archive's names is ignored."""
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as z:
-            found = {i.filename.removeprefix("./"): i for i in z.infolist() if not i.is_dir()}
-            _copy_members(archive, members, out_dir, found, z.open)
-    else:
-        with tarfile.open(archive) as t:
-            found = {i.name.removeprefix("./"): i for i in t.getmembers() if i.isfile()}
-            _copy_members(archive, members, out_dir, found, t.extractfile)
-
-
-def _copy_members(archive, members, out_dir, found, open_member):
-    for path, name in members:
-        if path not in found:
-            raise PrepareError(f"{archive} holds no {path}: it is not the expected archive "
-                               f"(it holds {len(found)} files, e.g. {', '.join(sorted(found)[:3]) or 'none'})")
-        with open_member(found[path]) as src, open(os.path.join(out_dir, name), "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-
-
-def lm_stats(paths):
-    """{"NAME.lines": ..., "NAME.tokens": ...} for each (NAME, PATH) of ``paths``, and "vocabulary".
-
-    Counted as fairseq-preprocess reads the text (universal newlines, whitespace split):
-    tokens = the words and one end of sentence a line (blank lines too), as its "N tokens"
-    line and the published PTB and WikiText figures count them; vocabulary = the distinct
-    words of the first file (train), plus the end of sentence, as published."""
-    stats, types = {}, set()
-    for k, (name, path) in enumerate(paths):
-        lines = tokens = 0
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                words = line.split()
-                lines += 1
-                tokens += len(words) + 1
-                if k == 0:
-                    types.update(words)
-        stats[f"{name}.lines"], stats[f"{name}.tokens"] = lines, tokens
-    stats["vocabulary"] = len(types) + 1
-    return stats
-
-
-def write_stats(path, stats):
-    write_lines(path, (f"{k} {v}" for k, v in stats.items()))
-
-
-def read_stats(path):
-    return {k: int(v) for k, v in (line.split() for line in read_lines(path))}
-
-
+def lowercase_file(inp, out):
+    """lowercase.perl < INP > OUT."""
+    write_lines(out, map(perl_lc, iter_lines(inp)))

@@ -4,7 +4,7 @@
   IWSLT14 layout and what fairseq's own examples/translation/prepare-iwslt14.sh
   (with mosesdecoder's perl scripts and subword-nmt) made of it; our script must
   give byte-identical tokenized and BPE text (see the fixture's README).
-* Unit tests of the ports in prepare_moses.py and prepare_text.py hold expected
+* Unit tests of the ports in prepare_text.py and prepare_corpus.py hold expected
   values taken from the upstream perl scripts (tokenizer.perl at two mosesdecoder commits,
   input-from-sgm.perl, clean-corpus-n.perl, lowercase.perl), run once by hand.
 * The other tests build small archives in the upstream layouts here (tgz with
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-import prepare_moses as moses
+import prepare_corpus as corpus
 import prepare_text as pt
 from conftest import kill_group, start_process
 
@@ -167,28 +167,28 @@ TOKENIZER_EN = [
 @pytest.mark.parametrize("lang,cases", [("de", TOKENIZER_DE), ("en", TOKENIZER_EN)])
 def test_tokenizer_matches_tokenizer_perl(lang, cases):
     for line, current, old in cases:
-        assert moses.MosesTokenizer(lang)(line) == current, line
-        assert moses.MosesTokenizer(lang, moses="2017")(line) == old, line
+        assert pt.MosesTokenizer(lang)(line) == current, line
+        assert pt.MosesTokenizer(lang, moses="2017")(line) == old, line
 
 
 def test_tokenizer_differs_from_sacremoses_where_perl_does():
-    """Why prepare_moses.py carries its own port: sacremoses (as installed) keeps the
+    """Why prepare_text.py carries its own port: sacremoses (as installed) keeps the
     final dot that tokenizer.perl splits since 2018, and splits CJK characters."""
     from sacremoses import MosesTokenizer
 
     for line, perl in (("So am I.", "So am I ."), ("中文 und 日本語", "中文 und 日本語")):
-        assert moses.MosesTokenizer("en")(line) == perl
+        assert pt.MosesTokenizer("en")(line) == perl
         assert MosesTokenizer(lang="en").tokenize(line, escape=True, return_str=True) != perl
 
 
 def test_lowercase_like_perl_lc():
     # perl's lc has no final-sigma rule; Python's str.lower() has
-    assert moses.perl_lc("ΟΔΥΣΣΕΑΣ İst GROẞ") == "οδυσσεασ i̇st groß"
+    assert pt.perl_lc("ΟΔΥΣΣΕΑΣ İst GROẞ") == "οδυσσεασ i̇st groß"
     assert "ΟΔΥΣΣΕΑΣ".lower() == "οδυσσεας"
 
 
 def clean(src, tgt, *args, **kwargs):
-    kept = list(moses.clean_pairs(zip(src, tgt), *args, **kwargs))
+    kept = list(pt.clean_pairs(zip(src, tgt), *args, **kwargs))
     return [f for f, _ in kept], [e for _, e in kept]
 
 
@@ -222,14 +222,14 @@ SGM_TEXT = ["Gutach: Noch mehr Sicherheit für Fußgänger", "Sie stehen keine 1
 
 
 def test_sgm_text_like_input_from_sgm_perl():
-    assert moses.sgm_text(SGM) == SGM_TEXT
+    assert corpus.sgm_text(SGM) == SGM_TEXT
 
 
 def test_iwslt_xml_like_fairseq_grep_sed():
     xml = ['<doc docid="1" genre="lectures">', "<title>Größe’s</title>",
            '<seg id="1"> Jörg’s Idee\t</seg>  ', '<seg id="22">x</seg>', "<seg id=\"3\">\u2009thin\u2009</seg>",
            '<seg id="4">\u00a0</seg>', "</doc>"]
-    assert pt.iwslt_xml_lines(xml) == ["Jörg's Idee", "x", "thin", "\u00a0"]
+    assert corpus.iwslt_xml_lines(xml) == ["Jörg's Idee", "x", "thin", "\u00a0"]
 
 
 @pytest.mark.parametrize("content,kind,ok,says", [
@@ -245,7 +245,7 @@ def test_iwslt_xml_like_fairseq_grep_sed():
 def test_check_kind(tmp_path, content, kind, ok, says):
     f = tmp_path / "f"
     f.write_bytes(content)
-    why = pt.check_kind(f, kind)
+    why = corpus.check_kind(f, kind)
     assert (why is None) == ok, why
     if not ok:
         assert says in why
@@ -881,13 +881,13 @@ def test_wmt14_golden_powernorm_script(tmp_path, wmt14_sources):
 def test_wmt14_normalize_punctuation_is_bytewise_and_sees_the_newline():
     """normalize-punctuation.perl rewrites bytes, newline included: values from the perl
     script at mosesdecoder HEAD (see tests/fixtures/wmt14-golden/README.md)."""
-    de = moses.PunctNormalizer("de")
+    de = pt.PunctNormalizer("de")
     assert de("Er sagte: „gut.“\n") == 'Er sagte: "gut".\n'  # [^<] matches the newline
     assert de("Er sagte: „gut.“") == 'Er sagte: "gut."'  # a last line without one
     assert de("1\u00a0000 ( a ) , ‚x‘ ’y’ –—\r\n") == "1,000 (a), 'x' \"y\" - - \n"
-    assert moses.PunctNormalizer("en")("1\u00a0000 “q”, «\u00a0r\u00a0»\n") == '1.000 "q," "r"\n'
-    assert moses.remove_non_printing("a\u00adb\u200bc\td\ufeffe\ue000\n") == "a b c d e "
-    assert moses.MosesTokenizer("de", aggressive=True)("Hals-Nasen-Ohren-Arzt, 3-4, x--y, -a b-") == \
+    assert pt.PunctNormalizer("en")("1\u00a0000 “q”, «\u00a0r\u00a0»\n") == '1.000 "q," "r"\n'
+    assert pt.remove_non_printing("a\u00adb\u200bc\td\ufeffe\ue000\n") == "a b c d e "
+    assert pt.MosesTokenizer("de", aggressive=True)("Hals-Nasen-Ohren-Arzt, 3-4, x--y, -a b-") == \
         "Hals @-@ Nasen @-@ Ohren @-@ Arzt , 3 @-@ 4 , x--y , -a b-"
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import prepare_corpus as corpus
 import prepare_text as pt
 from test_prepare import HAVE_FAIRSEQ, errors, lines, make_tgz, markers, outputs, run, run_killed_in, sha
 
@@ -90,12 +91,12 @@ def wikitext_counts():
             "vocabulary": len(train_types) + 1}
 
 
-# --- the text functions (prepare_text.py) -----------------------------------------------
+# --- the text functions (prepare_corpus.py) ---------------------------------------------
 
 def test_lm_stats_counts_lines_tokens_and_vocabulary_as_fairseq_reads_text(tmp_path):
     (tmp_path / "train").write_bytes("a  b\ta\n \n\nc\u00a0d\r\nlast b".encode("utf-8"))
     (tmp_path / "valid").write_bytes(b"x y\rz\n")  # a lone \r ends a line for fairseq (universal newlines)
-    stats = pt.lm_stats([("train", tmp_path / "train"), ("valid", tmp_path / "valid")])
+    stats = corpus.lm_stats([("train", tmp_path / "train"), ("valid", tmp_path / "valid")])
     # train: 5 lines ("a b a", "", "", "c d", "last b"), 7 words; types a b c d last
     assert stats == {"train.lines": 5, "train.tokens": 7 + 5, "valid.lines": 2, "valid.tokens": 3 + 2,
                      "vocabulary": 5 + 1}
@@ -108,24 +109,24 @@ def test_extract_members_from_tar_and_zip(tmp_path):
                                   (zipped, "wikitext-103/wiki.test.tokens", WT_TEST)):
         out = tmp_path / archive.stem
         out.mkdir()
-        pt.extract_members(archive, [(member, "valid")], out)
+        corpus.extract_members(archive, [(member, "valid")], out)
         assert lines(out / "valid") == want and os.listdir(out) == ["valid"]
     with pytest.raises(pt.PrepareError, match=r"ptb.tgz holds no simple-examples/data/ptb.train.tx\b"):
-        pt.extract_members(tgz, [("simple-examples/data/ptb.train.tx", "x")], tmp_path)
+        corpus.extract_members(tgz, [("simple-examples/data/ptb.train.tx", "x")], tmp_path)
 
 
 def test_check_kind_zip_reads_every_member(tmp_path):
     good = make_wikitext_zip(tmp_path / "good.zip", stored=True)
-    assert pt.check_kind(good, "zip") is None
+    assert corpus.check_kind(good, "zip") is None
     data = good.read_bytes()
     (tmp_path / "truncated.zip").write_bytes(data[: len(data) // 2])
-    assert "is corrupt or truncated" in pt.check_kind(tmp_path / "truncated.zip", "zip")
+    assert "is corrupt or truncated" in corpus.check_kind(tmp_path / "truncated.zip", "zip")
     flipped = bytearray(data)
     flipped[data.index("Valkyria".encode())] ^= 0x20  # 'V' -> 'v' inside a stored member
     (tmp_path / "flipped.zip").write_bytes(bytes(flipped))
-    assert pt.check_kind(tmp_path / "flipped.zip", "zip") == \
+    assert corpus.check_kind(tmp_path / "flipped.zip", "zip") == \
         "is corrupt or truncated (wikitext-103/wiki.train.tokens fails its CRC check)"
-    assert pt.check_kind(make_ptb_archive(tmp_path / "ptb.tgz"), "zip") == "is a gzip file, not a zip archive"
+    assert corpus.check_kind(make_ptb_archive(tmp_path / "ptb.tgz"), "zip") == "is a gzip file, not a zip archive"
 
 
 def test_check_kind_text_streams_and_names_the_bad_byte(tmp_path):
@@ -135,9 +136,9 @@ def test_check_kind_text_streams_and_names_the_bad_byte(tmp_path):
     for tail, want in ((b"ok\n", None), (b"b\xffc", f"is not UTF-8 text (byte {len(head) + 1})"),
                        (b"\n\x00", "holds NUL bytes, not text")):
         (tmp_path / "f").write_bytes(head + tail)
-        assert pt.check_kind(tmp_path / "f", "text") == want
+        assert corpus.check_kind(tmp_path / "f", "text") == want
     (tmp_path / "f").write_bytes(head[:-1])  # cut inside the last character
-    assert pt.check_kind(tmp_path / "f", "text") == f"is not UTF-8 text (byte {len(head) - 3})"
+    assert corpus.check_kind(tmp_path / "f", "text") == f"is not UTF-8 text (byte {len(head) - 3})"
 
 
 # --- the scripts: options, sizes, bad archives ---------------------------------------------
@@ -173,7 +174,7 @@ def test_ptb_sizes_enforced_with_both_figures(tmp_path):
     # the text is each member as released, and its counts
     for split, want in zip(PTB_MEMBERS, (PTB_TRAIN, PTB_VALID, PTB_TEST)):
         assert lines(work / "text" / split) == want
-    assert pt.read_stats(work / "text" / "stats") == PTB_COUNTS
+    assert corpus.read_stats(work / "text" / "stats") == PTB_COUNTS
 
 
 @pytest.mark.slow
@@ -315,7 +316,7 @@ def test_wikitext103_binarized(tmp_path):
     r = run("prepare-wikitext103.sh", "--archive", archive, "--work", work, "--dest", dest, "--skip-size-check")
     assert r.returncode == 0, r.stderr
     counts = wikitext_counts()
-    assert pt.read_stats(work / "text" / "stats") == counts
+    assert corpus.read_stats(work / "text" / "stats") == counts
     for split, want in zip(PTB_MEMBERS, (WT_TRAIN, WT_VALID, WT_TEST)):
         assert lines(work / "text" / split) == want  # as released: titles, blank lines, @-@
     info = check_binarized(dest, work / "text", counts, "wikitext-103")
