@@ -1,6 +1,4 @@
 #!/usr/bin/env bash
-# Prepare the Penn Treebank language-model corpus (Mikolov's simple-examples.tgz).
-# The steps are the function ptb() in scripts/prepare.py; --help lists the options.
-py=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
-[ -x "$py" ] || py=python3
-exec "$py" "$(dirname "$0")/prepare.py" ptb "$@"
+# PTB (Mikolov's simple-examples.tgz), word level: the steps are ptb() in scripts/prepare.py; --help: options.
+py=$(dirname "$0")/../.venv/bin/python; [ -x "$py" ] || py=python3
+exec "${PYTHON:-$py}" "$(dirname "$0")/prepare.py" ptb "$@"

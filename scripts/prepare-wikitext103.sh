@@ -1,6 +1,4 @@
 #!/usr/bin/env bash
-# Prepare WikiText-103 (wikitext-103-v1.zip) for fairseq's language_modeling task.
-# The steps are the function wikitext103() in scripts/prepare.py; --help lists the options.
-py=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
-[ -x "$py" ] || py=python3
-exec "$py" "$(dirname "$0")/prepare.py" wikitext103 "$@"
+# WikiText-103 (wikitext-103-v1.zip), word level: the steps are wikitext103() in scripts/prepare.py; --help: options.
+py=$(dirname "$0")/../.venv/bin/python; [ -x "$py" ] || py=python3
+exec "${PYTHON:-$py}" "$(dirname "$0")/prepare.py" wikitext103 "$@"

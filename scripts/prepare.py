@@ -1,7 +1,7 @@
-"""Prepare a corpus of the papers and binarize it for fairseq: `python scripts/prepare.py
-DATASET [options]`, which scripts/prepare-DATASET.sh runs. One function per dataset holds its
-steps in order, each a call of the upstream script's step it reproduces; prepare_steps.py
-runs them (a step done before is skipped), prepare_text.py and prepare_corpus.py do the text.
+"""`python scripts/prepare.py DATASET [options]` (what scripts/prepare-DATASET.sh runs): a corpus
+of the papers, made as the upstream script made it and binarized for fairseq. One function a
+dataset holds its steps in order; prepare_steps.py runs them, prepare_text.py and
+prepare_corpus.py do the text.
 """
 import collections
 import os
@@ -16,15 +16,12 @@ from prepare_steps import SPLITS, Prep, PrepareError, parse_options
 
 
 def iwslt14(prep):
-    """IWSLT14 German-English (TED) as fairseq's examples/translation/prepare-iwslt14.sh makes it,
-    binarized for De->En (tests/fixtures/iwslt14-golden/: byte-identical to that script's output).
-    Default source: https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz (fairseq's
-    mirror of wit3.fbk.eu; no published checksum); sizes 160,239 / 7,283 / 6,750 pairs (the
-    "N sents" of fairseq-preprocess on that script's output).
-    Steps: fetch, extract; text (train.tags without <url>, <talkid>, <keywords> lines and
-    without <title>/<description> tags; test: the '<seg id' lines of five XML sets, ’ -> ');
-    tok (tokenizer.perl); split (clean-corpus-n.perl -ratio 1.5 1 175, lowercase.perl, every
-    23rd pair to valid); bpe-learn, bpe (subword-nmt, 10,000 merges); binarize."""
+    """IWSLT14 De-En as fairseq's examples/translation/prepare-iwslt14.sh makes it (byte-identical on
+    tests/fixtures/iwslt14-golden/), binarized for De->En. Source: de-en.tgz from
+    https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz (no published checksum). Steps:
+    fetch, extract, text (grep/sed of train.tags and of five XML test sets), tok (tokenizer.perl),
+    split (clean-corpus-n.perl -ratio 1.5 1 175, lowercase.perl, every 23rd pair to valid), the
+    published sizes (160,239 / 7,283 / 6,750 pairs), bpe-learn, bpe (10,000 merges), binarize."""
     work, url = prep.work, prep.url("https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz", None)
     orig, tok = work / "extract" / "de-en", work / "tok"
     test_sets = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")  # fairseq's `cat` order
@@ -77,20 +74,15 @@ NEWSTEST2014_DE_MD5 = "f6c3818b477e4a25cad68b61cc883c17"
 
 
 def wmt16(prep):
-    """WMT16 English-German, the 4.5M-pair set of fairseq's examples/scaling_nmt, binarized for
-    En->De, rebuilt from the raw corpora step for step as google/seq2seq bin/data/wmt16_en_de.sh
-    made it in 2017 (its archive on Google Drive is gone: fairseq #4192, #4454;
-    tests/fixtures/wmt16-golden/ holds that script's output).
-    Sources: de-en.tgz (Europarl v7), training-parallel-commoncrawl.tgz, training-parallel-nc-v11.tgz
-    (their published sizes and sha256 enforced) and dev.tgz from statmt.org. --archive DIR: a
-    folder of these four; --archive FILE: Google's own wmt16_en_de.tar.gz, whose BPE text is
-    binarized as it is (steps fetch, extract, text, binarize).
-    Steps: fetch, extract; text (train = Europarl + Common Crawl + News Commentary in that order;
-    valid newstest2013; test newstest2014 from dev.tgz's .sgm by input-from-sgm.perl, its md5
-    checked); tok (tokenizer.perl as of 2017, before mosesdecoder 9fc964da7); clean
-    (clean-corpus-n.perl 1 80 on train); bpe-learn, bpe (32,000 merges); binarize
-    (--nwordssrc 32768 --nwordstgt 32768). Sizes: 3,000 / 3,003; train "about 4.5M" (checked
-    as 4.4M-4.6M: no exact count is published)."""
+    """WMT16 En-De of fairseq's examples/scaling_nmt, binarized for En->De, rebuilt from the raw
+    corpora as google/seq2seq bin/data/wmt16_en_de.sh made it in 2017 (its archive is gone: fairseq
+    #4192; byte-identical on tests/fixtures/wmt16-golden/). Sources: Europarl v7 de-en.tgz, Common
+    Crawl and News Commentary v11 (published sizes and sha256 enforced), WMT16 dev.tgz (statmt.org);
+    --archive DIR: a folder of the four; --archive FILE: Google's own wmt16_en_de.tar.gz, whose BPE
+    text is binarized as it is. Steps: fetch, extract, text (train in Google's order; test from
+    .sgm, its md5 checked), tok (tokenizer.perl before mosesdecoder 9fc964da7), clean
+    (clean-corpus-n.perl 1 80), sizes (3,000 / 3,003; train 4.4M-4.6M: "about 4.5M"), bpe-learn,
+    bpe (32,000 merges), binarize (--nwordssrc/--nwordstgt 32768)."""
     o, work = prep.o, prep.work
     google = bool(o.archive and not o.archive.is_dir()) or o.url.endswith("/wmt16_en_de.tar.gz")
     if not google and o.sha256:
@@ -170,19 +162,15 @@ WMT14_URLS = {
 
 
 def wmt14(prep):
-    """WMT14 English-German as Shen et al. (PowerNorm, ICML 2020) prepared it, binarized for En->De:
-    their release's trans-scripts/data-preprocessing/prepare-wmt14en2de.sh (sIncerass/powernorm@9ea6226)
-    = fairseq v0.6.0 examples/translation/prepare-wmt14en2de.sh --scaling18 (the data of Ott et al.
-    2018; tests/fixtures/wmt14-golden/ holds that script's output), with mosesdecoder HEAD's scripts.
-    Sources (the release's URLs; the published sizes and sha256 of the three training archives
-    enforced): training-parallel-europarl-v7.tgz, training-parallel-commoncrawl.tgz,
-    training-parallel-nc-v12.tgz, dev.tgz (WMT17's) and test-full.tgz; --archive DIR: a folder of
-    these five; --url: a mirror folder holding them.
-    Steps: fetch, extract (all five into one folder, as the release's orig/); text; tok (each
-    training file on its own, then valid: normalize-punctuation.perl | remove-non-printing-char.perl
-    | tokenizer.perl -a; test: the '<seg id' lines of newstest2014 (full), tags removed, ’ -> ',
-    tokenizer.perl -a); clean (clean-corpus-n.perl 1 80 on train); bpe-learn, bpe (32,764 merges);
-    binarize. Sizes: 3,000 / 3,003; train "~4.5M" (fairseq PR #203; checked as 4.4M-4.6M)."""
+    """WMT14 En-De as Shen et al. 2020 prepared it, binarized for En->De: their release's
+    trans-scripts/data-preprocessing/prepare-wmt14en2de.sh (sIncerass/powernorm@9ea6226) = fairseq
+    v0.6.0 prepare-wmt14en2de.sh --scaling18 (byte-identical on tests/fixtures/wmt14-golden/).
+    Sources: the release's five statmt.org archives (published sizes and sha256 of the three
+    training ones enforced); --archive DIR or --url: a folder holding them. Steps: fetch, extract,
+    text, tok (normalize-punctuation.perl | remove-non-printing-char.perl | tokenizer.perl -a, file
+    by file; test: the '<seg id' lines of newstest2014 (full), tokenizer.perl -a), clean
+    (clean-corpus-n.perl 1 80), sizes (3,000 / 3,003; train 4.4M-4.6M: "~4.5M", fairseq PR #203),
+    bpe-learn, bpe (32,764 merges), binarize."""
     o, work = prep.o, prep.work
     if o.archive and not o.archive.is_dir():
         raise PrepareError(f"--archive must be a folder holding the five upstream files ({' '.join(WMT14_URLS)}), "
@@ -236,15 +224,12 @@ def wmt14(prep):
 
 
 def iwslt15_envi(prep):
-    """IWSLT15 English-Vietnamese (TED) from the Stanford NLP release (Luong and Manning 2015),
-    binarized for En->Vi: train = train.{en,vi}, valid = tst2012, test = tst2013 (133,317 / 1,553
-    / 1,268 pairs), Moses-tokenized and cased as released. The default BPE (joint subword-nmt, 8,000
-    merges) is this project's choice: no source states the En-Vi vocabulary of Xu et al. 2019.
-    Default source: the six files under https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi
-    (no published checksum); --url may name a tar of them; --archive: a folder holding them, or
-    a tar archive of them.
-    Steps: fetch, extract; text (characters that fairseq or subword-nmt would read as line breaks
-    become spaces; --lowercase); bpe-learn, bpe; binarize."""
+    """IWSLT15 En-Vi from the Stanford NMT release (Luong and Manning 2015), tokenized and cased as
+    released, binarized for En->Vi. Source: the six files under
+    https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi (no published checksum); --archive: a
+    folder or a tar of them. Steps: fetch, [extract,] text (line-breaking characters other than \\n
+    become spaces; --lowercase), sizes (133,317 / 1,553 / 1,268 pairs), bpe-learn, bpe (8,000
+    merges: this project's choice, as no source states Xu et al. 2019's), binarize."""
     o, work = prep.o, prep.work
     files = [f"{s}.{lang}" for s in ("train", "tst2012", "tst2013") for lang in ("en", "vi")]
     tarball = bool(o.archive and not o.archive.is_dir()) or o.url.endswith((".tgz", ".tar", ".tar.gz", ".tar.xz"))
@@ -252,26 +237,15 @@ def iwslt15_envi(prep):
         raise PrepareError("--sha256 checks a tar --archive; for the six separate files use --sha256-file FILE")
     url = prep.url("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi", None)
 
-    def extract(out):
-        if not tarball:
-            for f in files:
-                shutil.copy(work / "fetch" / f, out / f)
-            return
-        prep.extract(out, work / "fetch" / "iwslt15-en-vi.tar", "unpacked")
-        d = find_dir(out / "unpacked", "train.en", f"{o.archive or o.url}; pass --archive with the Stanford IWSLT15 "
-                     "en-vi files")
-        for f in files:
-            prep.require(d / f)
-            why = corpus.check_kind(d / f, "text")
-            if why:
-                raise PrepareError(f"{f} in {o.archive or o.url} {why}")
-            os.replace(d / f, out / f)
-        shutil.rmtree(out / "unpacked")
-
     def envi_text(out):
+        d = find_dir(work / "extract", "train.en", f"{o.archive or o.url}") if tarball else work / "fetch"
         for split, name in (("train", "train"), ("valid", "tst2012"), ("test", "tst2013")):
             for lang in ("en", "vi"):
-                n = corpus.sanitize_breaks(work / "extract" / f"{name}.{lang}", out / f"{split}.{lang}")
+                prep.require(d / f"{name}.{lang}")
+                why = corpus.check_kind(d / f"{name}.{lang}", "text")
+                if why:
+                    raise PrepareError(f"{name}.{lang} in {o.archive or o.url} {why}")
+                n = corpus.sanitize_breaks(d / f"{name}.{lang}", out / f"{split}.{lang}")
                 if n:
                     prep.log(f"{name}.{lang}: {n} lines held line-breaking characters other than \\n (now spaces)")
                 if prep.lowercased:
@@ -280,10 +254,10 @@ def iwslt15_envi(prep):
         aligned(out, SPLITS, "en", "vi")
 
     if tarball:
-        prep.fetch([("iwslt15-en-vi.tar", o.url, "tar")])
+        fetch = prep.fetch([("iwslt15-en-vi.tar", o.url, "tar")])
+        prep.step("extract", prep.extract, fetch / "iwslt15-en-vi.tar")
     else:
         prep.fetch([(f, f"{url.rstrip('/')}/{f}", "text") for f in files])
-    prep.step("extract", extract)
     prep.step("text", envi_text, params=f"lowercase={prep.lowercased}")
     prep.check_sizes(work / "text", "en", {"train": 133317, "valid": 1553, "test": 1268})
     prep.bpe_and_binarize(work / "text", "en", "vi", {
@@ -292,10 +266,8 @@ def iwslt15_envi(prep):
 
 
 def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tokens, vocabulary, recipe):
-    """The steps of a word-level language-model corpus: fetch; text (the three MEMBERS of the
-    archive, each UTF-8 text, and their counts); the published sizes; binarize
-    (fairseq-preprocess --only-source, the dictionary from train, as fairseq's
-    examples/language_model)."""
+    """Steps fetch, text (the three MEMBERS of the archive, UTF-8 text, and their counts), the
+    published sizes, binarize (fairseq-preprocess --only-source, as fairseq's examples/language_model)."""
     def lm_text(out):
         source = (prep.work / "fetch" / archive).resolve()  # errors name the file given
         corpus.extract_members(source, list(zip(members, SPLITS)), out)
@@ -323,15 +295,11 @@ def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tok
 
 
 def ptb(prep):
-    """The Penn Treebank language-model corpus as Mikolov et al. released it (word level:
-    lowercased, numbers as N, 10,000 words with <unk>, one sentence a line), used as released and
-    binarized for fairseq's language_modeling task. Default source:
-    http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz (its md5, published by
-    PaddlePaddle's dataset/imikolov.py, is enforced); members ./simple-examples/data/ptb.*.txt.
-    Sizes enforced: 42,068 / 3,370 / 3,761 lines; 929,589 / 73,760 / 82,430 tokens (the words and
-    one end of sentence a line, as fairseq-preprocess counts them and as the usual "929k/73k/82k
-    words" do: edwardlib/observations observations/ptb.py); a vocabulary of 10,000 with the end
-    of sentence."""
+    """The Penn Treebank language-model corpus as Mikolov et al. released it, binarized as it is.
+    Source: http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz (the md5 PaddlePaddle's
+    dataset/imikolov.py publishes is enforced). Sizes enforced: 42,068 / 3,370 / 3,761 lines;
+    929,589 / 73,760 / 82,430 tokens (words and one end of sentence a line, as fairseq-preprocess
+    counts; edwardlib/observations ptb.py); 10,000 words with the end of sentence."""
     members = [f"simple-examples/data/ptb.{s}.txt" for s in SPLITS]
     language_model_corpus(prep, "ptb", "simple-examples.tgz", "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
                           "tgz", members, (42068, 3370, 3761), (929589, 73760, 82430), 10000,
@@ -339,15 +307,12 @@ def ptb(prep):
 
 
 def wikitext103(prep):
-    """WikiText-103 (Merity et al. 2016, word level), used as released and binarized as fairseq's
-    examples/language_model/README.md does. Default source:
-    https://wikitext.smerity.com/wikitext-103-v1.zip, the mirror kept by the dataset's author
-    (fairseq's S3 address has answered 403 since 2024: pytorch/text#2255); its size and sha256
-    (huggingface/datasets datasets/wikitext/dataset_infos.json) are enforced.
-    Sizes enforced: 1,801,350 / 3,760 / 4,358 lines (torchtext's WikiText103 NUM_LINES);
-    103,227,021 / 217,646 / 245,569 tokens, the published figures, which count the words and one
-    end of sentence a line (urvashik/knnlm README); a vocabulary of 267,735 with the end of
-    sentence (the transfo-xl-wt103 config)."""
+    """WikiText-103 (Merity et al. 2016) as released, binarized as fairseq's examples/language_model.
+    Source: https://wikitext.smerity.com/wikitext-103-v1.zip, its author's mirror (fairseq's S3
+    address answers 403: pytorch/text#2255); published size and sha256 (huggingface/datasets
+    wikitext dataset_infos.json) enforced. Sizes enforced: 1,801,350 / 3,760 / 4,358 lines
+    (torchtext NUM_LINES); 103,227,021 / 217,646 / 245,569 tokens (urvashik/knnlm README);
+    267,735 words with the end of sentence (the transfo-xl-wt103 config)."""
     members = [f"wikitext-103/wiki.{s}.tokens" for s in SPLITS]
     language_model_corpus(prep, "wikitext-103", "wikitext-103-v1.zip", "https://wikitext.smerity.com/wikitext-103-v1.zip",
                           "zip", members, (1801350, 3760, 4358), (103227021, 217646, 245569), 267735,

@@ -25,21 +25,16 @@ SPLITS = ("train", "valid", "test")
 # The value a config passes to fairseq-generate --remove-bpe for each BPE type.
 REMOVE_BPE = {"subword-nmt": "@@ ", "none": None}
 BPE = "subword-nmt"  # the default --bpe of a translation corpus
-# Published size and checksum of an archive, by file name: enforced on every copy.
+# Published size and checksum of an archive, by file name: enforced on every copy. The WMT ones:
+# tensorflow/datasets tensorflow_datasets/url_checksums/wmt{14,16,17}_translate.txt; WikiText:
+# huggingface/datasets datasets/wikitext/dataset_infos.json; PTB: PaddlePaddle
+# python/paddle/dataset/imikolov.py (only an md5 is published).
 PUBLISHED = {
-    # tensorflow/datasets tensorflow_datasets/url_checksums/wmt14_translate.txt, wmt16_translate.txt,
-    # wmt17_translate.txt
-    "training-parallel-europarl-v7.tgz":
-        (657632379, "sha256:0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
-    "training-parallel-commoncrawl.tgz":
-        (918311367, "sha256:c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5"),
-    "training-parallel-nc-v11.tgz":
-        (75178032, "sha256:cfe8ab047e05043476e498ee765c98e939c7b7d6d294e856344c84476b619d6a"),
-    "training-parallel-nc-v12.tgz":
-        (168591139, "sha256:2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2"),
-    # huggingface/datasets datasets/wikitext/dataset_infos.json
+    "training-parallel-europarl-v7.tgz": (657632379, "sha256:0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
+    "training-parallel-commoncrawl.tgz": (918311367, "sha256:c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5"),
+    "training-parallel-nc-v11.tgz": (75178032, "sha256:cfe8ab047e05043476e498ee765c98e939c7b7d6d294e856344c84476b619d6a"),
+    "training-parallel-nc-v12.tgz": (168591139, "sha256:2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2"),
     "wikitext-103-v1.zip": (190229076, "sha256:242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590"),
-    # PaddlePaddle python/paddle/dataset/imikolov.py publishes only an md5
     "simple-examples.tgz": (None, "md5:30177ea32e27c525793142b6bf2c8e2d"),
 }
 # What each kind of download must be: check_kind's name for it, and whether it is a tar.
@@ -93,17 +88,12 @@ def parse_options(name, argv, doc, bpe_size, flags):
         raise PrepareError(f"--sha256 must be 64 hex digits, got '{o.sha256}'")
     if o.archive.startswith(("http://", "https://", "ftp://", "file://")):
         o.url, o.archive = o.archive, ""
-    o.archive = Path(o.archive).resolve() if o.archive else None
+    o.archive, o.dest = (Path(x).resolve() if x else None for x in (o.archive, o.dest))
     o.work = Path(o.work).resolve()
-    o.dest = Path(o.dest).resolve() if o.dest else None
-    o.sums = {}
-    if o.sha256_file:
-        if not Path(o.sha256_file).is_file():
-            raise PrepareError(f"checksum list {o.sha256_file} (--sha256-file) not found")
-        for line in text.read_lines(o.sha256_file):
-            if line.strip():
-                h, f = line.split(None, 1)
-                o.sums[Path(f.strip().lstrip("*")).name] = h.lower()
+    if o.sha256_file and not Path(o.sha256_file).is_file():
+        raise PrepareError(f"checksum list {o.sha256_file} (--sha256-file) not found")
+    o.sums = {Path(f.strip().lstrip("*")).name: h.lower() for h, f in
+              (x.split(None, 1) for x in (text.read_lines(o.sha256_file) if o.sha256_file else []) if x.strip())}
     o.command = " ".join([f"scripts/prepare-{name}.sh", *argv])
     return o
 
@@ -199,19 +189,14 @@ class Prep:
             sums = []
             for name, url, kind in files:
                 a = self.o.archive
-                if a and not a.is_dir():
-                    if not a.exists():
-                        raise PrepareError(f"archive {a} not found (--archive)")
-                    path, url = a, None
-                elif a:
-                    path, url = a / name, None
-                    if not path.is_file():
-                        raise PrepareError(f"{path} not found (the --archive folder must hold {name})")
-                else:
-                    path = self.work / "archives" / name
-                    if not path.exists():
-                        self.log(f"downloading {url}")
-                        download(url, path)
+                path = (a / name if a.is_dir() else a) if a else self.work / "archives" / name
+                if a and not path.is_file():
+                    raise PrepareError(f"{path} not found (--archive: a file, or a folder holding {name})")
+                if a:
+                    url = None
+                elif not path.exists():
+                    self.log(f"downloading {url}")
+                    download(url, path)
                 sums.append(f"{self.verify(path, kind, url)}  {path.name}\n")
                 os.symlink(path, out / name)
             (out / "sources.sha256").write_text("".join(sums))
@@ -285,13 +270,10 @@ class Prep:
     def check_checksum(self, path, algo, want, source):
         """PATH, made by a step, is the published file (its ALGO digest, published by SOURCE)."""
         got = digest(path, algo)
-        if got == want:
-            self.log(f"{path.name} has the published {algo} ({got})")
-        elif self.o.skip_size_check:
-            self.log(f"{path.name} has {algo} {got}, the published one {want}; going on (--skip-size-check)")
-        else:
+        if got != want and not self.o.skip_size_check:
             raise PrepareError(f"{path} has {algo} {got}, the published one {want} ({source}): a source file is "
                                "another version; pass --skip-size-check to accept it")
+        self.log(f"{path.name} has {algo} {got}, the published one {want}")
 
     def check_sizes(self, folder, lang, sizes):
         """FOLDER/SPLIT.LANG has the published number of lines, for each SPLIT: N of ``sizes``."""

@@ -28,13 +28,8 @@ def read_lines(path):
 
 
 def chunks(lines, size):
-    batch = []
-    for line in lines:
-        batch.append(line)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
+    it = iter(lines)
+    while batch := list(itertools.islice(it, size)):
         yield batch
 
 
@@ -42,7 +37,6 @@ def write_lines(path, lines):
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for line in lines:
             f.write(line + "\n")
-
 
 
 def parallel(func, jobs, workers):
@@ -175,11 +169,9 @@ class MosesTokenizer:
         text = t["comma2"].sub(r" , \1", text)
         text = t["comma3"].sub(r"\1 ,", text)
         if self.lang == "en":
-            text = t["en1"].sub(r"\1 ' \2", text)
-            text = t["en2"].sub(r"\1 ' \2", text)
-            text = t["en3"].sub(r"\1 ' \2", text)
-            text = t["en4"].sub(r"\1 '\2", text)
-            text = t["en5"].sub(r"\1 '\2", text)
+            for k, rep in (("en1", r"\1 ' \2"), ("en2", r"\1 ' \2"), ("en3", r"\1 ' \2"), ("en4", r"\1 '\2"),
+                           ("en5", r"\1 '\2")):
+                text = t[k].sub(rep, text)
         else:
             text = text.replace("'", " ' ")
         text = self._words(text)
@@ -220,7 +212,6 @@ class MosesTokenizer:
         return "".join(out)
 
 
-
 # --- mosesdecoder scripts/tokenizer/normalize-punctuation.perl --------------------------
 #
 # The perl script has no `use utf8` and no binmode: it rewrites the UTF-8 *bytes* of each
@@ -259,12 +250,7 @@ def _np_rules(lang):
         rules += [(rb',"', b'",'), (rb'(\.+)"(\s*[^<])', rb'"\1\2')]
     sep = b"," if lang in ("de", "es", "cz", "cs", "fr") else b"."
     rules.append((rb"(\d)" + nb + rb"(\d)", rb"\1" + sep + rb"\2"))
-    out = []
-    for rule in rules:
-        pat, rep = rule[0], rule[1]
-        flags = re.I if len(rule) > 2 else 0
-        out.append((re.compile(pat, flags), rep))
-    return out
+    return [(re.compile(rule[0], re.I if len(rule) > 2 else 0), rule[1]) for rule in rules]
 
 
 class PunctNormalizer:
@@ -293,15 +279,14 @@ def remove_non_printing(line):
         line = line[:-1]
     return _NON_PRINTING.sub(" ", line)
 
+
 _TOK = {}
 
 
 def _moses_chunk(args):
     lang, moses, aggressive, norm, rem, lines, last_has_nl = args
-    key = (lang, moses, aggressive)
-    tok = _TOK.get(key)
-    if tok is None:
-        tok = _TOK[key] = MosesTokenizer(lang, moses, aggressive)
+    tok = _TOK.get((lang, moses, aggressive)) or _TOK.setdefault((lang, moses, aggressive),
+                                                                MosesTokenizer(lang, moses, aggressive))
     normalize = PunctNormalizer(lang) if norm else None
     out = []
     for i, line in enumerate(lines):
@@ -373,26 +358,16 @@ def clean_pairs(pairs, min_len, max_len, ratio=9.0, max_word_length=1000):
 
 
 def clean_corpus(src, tgt, out_src, out_tgt, min_len, max_len, ratio=9.0):
-    """clean-corpus-n.perl [-ratio R] on the files SRC and TGT (ratio 9: the script's default)."""
+    """clean-corpus-n.perl [-ratio R] on the line-aligned files SRC and TGT (ratio 9: its default)."""
+    check_aligned(src, tgt)
     kept = 0
     with open(out_src, "w", encoding="utf-8", newline="\n") as fs, \
             open(out_tgt, "w", encoding="utf-8", newline="\n") as ft:
-        for f, e in clean_pairs(zip_aligned(iter_lines(src), iter_lines(tgt), src, tgt), min_len, max_len, ratio):
+        for f, e in clean_pairs(zip(iter_lines(src), iter_lines(tgt)), min_len, max_len, ratio):
             fs.write(f + "\n")
             ft.write(e + "\n")
             kept += 1
-    seen = sum(1 for _ in iter_lines(src))
-    print(f"clean-corpus: kept {kept} of {seen} pairs", file=sys.stderr)
-
-
-def zip_aligned(a, b, name_a, name_b):
-    """zip of two line iterators that fails if one ends first (clean-corpus-n.perl:
-    'is too short!' / 'is too long!')."""
-    end = object()
-    for x, y in itertools.zip_longest(a, b, fillvalue=end):
-        if x is end or y is end:
-            raise PrepareError(f"{name_a} and {name_b} differ in length")
-        yield x, y
+    print(f"clean-corpus: kept {kept} of {count_lines(src)} pairs", file=sys.stderr)
 
 
 # --- mosesdecoder scripts/tokenizer/lowercase.perl --------------------------------------
@@ -401,8 +376,6 @@ def perl_lc(line):
     """perl's lc(): Unicode full lowercase mapping, but no final-sigma rule (Python's
     str.lower() writes a word-final capital sigma as 'ς', perl as 'σ')."""
     return line.replace("\u03a3", "\u03c3").lower()
-
-
 
 
 def lowercase_file(inp, out):
