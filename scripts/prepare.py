@@ -49,7 +49,7 @@ def iwslt14(prep):
             os.remove(out / f"clean.lc.{lang}")
         aligned(out, SPLITS, "de", "en")
 
-    fetch = prep.fetch([("de-en.tgz", url, "tgz")])
+    fetch = prep.fetch([("de-en.tgz", url, "gzip")])
     prep.step("extract", prep.extract, fetch / "de-en.tgz")
     prep.step("text", iwslt_text)
     prep.step("tok", tokenize)
@@ -136,12 +136,12 @@ def wmt16(prep):
             link(work / "tok" / name, out / name)
 
     if google:
-        fetch = prep.fetch([("wmt16_en_de.tar.gz", o.url, "tgz")])
+        fetch = prep.fetch([("wmt16_en_de.tar.gz", o.url, "gzip")])
         prep.step("extract", prep.extract, fetch / "wmt16_en_de.tar.gz")
         prep.step("text", google_text)
         prep.check_sizes(work / "text", "en", sizes)
         return prep.bpe_and_binarize(work / "text", "en", "de", info, args, bpe_done=True)
-    fetch = prep.fetch([(name, prep.url(url, name), "tgz") for name, (url, _) in WMT16_SOURCES.items()])
+    fetch = prep.fetch([(name, prep.url(url, name), "gzip") for name, (url, _) in WMT16_SOURCES.items()])
     prep.step("extract", lambda out: [prep.extract(out, fetch / name, sub) for name, (_, sub) in WMT16_SOURCES.items()])
     prep.step("text", raw_text)
     prep.check_checksum(work / "text" / "test.de", "md5", NEWSTEST2014_DE_MD5,
@@ -209,7 +209,7 @@ def wmt14(prep):
         for name in ("valid.en", "valid.de", "test.en", "test.de"):
             link(tok / name, out / name)
 
-    fetch = prep.fetch([(name, prep.url(url, name), "tgz") for name, url in WMT14_URLS.items()])
+    fetch = prep.fetch([(name, prep.url(url, name), "gzip") for name, url in WMT14_URLS.items()])
     prep.step("extract", lambda out: [prep.extract(out, fetch / name) for name in WMT14_URLS])
     prep.step("text", wmt14_text)
     prep.step("tok", tokenize)
@@ -302,7 +302,7 @@ def ptb(prep):
     counts; edwardlib/observations ptb.py); 10,000 words with the end of sentence."""
     members = [f"simple-examples/data/ptb.{s}.txt" for s in SPLITS]
     language_model_corpus(prep, "ptb", "simple-examples.tgz", "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
-                          "tgz", members, (42068, 3370, 3761), (929589, 73760, 82430), 10000,
+                          "gzip", members, (42068, 3370, 3761), (929589, 73760, 82430), 10000,
                           "Mikolov et al. simple-examples.tgz data/ptb.*.txt as released")
 
 

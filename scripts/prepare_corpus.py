@@ -14,22 +14,20 @@ from prepare_text import PrepareError, chunks, iter_lines, parallel, read_lines,
 
 # --- what a downloaded file is ----------------------------------------------------
 
+_MAGIC = ((0, b"\x1f\x8b", "gzip", "is a gzip file"), (0, b"BZh", "bzip2", "is a bzip2 file"),
+          (0, b"\xfd7zXZ\x00", "xz", "is an xz file"), (0, b"PK\x03\x04", "zip", "is a zip archive"),
+          (257, b"ustar", "tar", "is a tar archive"))
+
+
 def sniff(path):
     """(kind, description) of a file from its first bytes."""
     with open(path, "rb") as f:
         head = f.read(4096)
     if not head:
         return "empty", "is empty"
-    if head[:2] == b"\x1f\x8b":
-        return "gzip", "is a gzip file"
-    if head[:3] == b"BZh":
-        return "bzip2", "is a bzip2 file"
-    if head[:6] == b"\xfd7zXZ\x00":
-        return "xz", "is an xz file"
-    if head[:4] == b"PK\x03\x04":
-        return "zip", "is a zip archive"
-    if head[257:262] == b"ustar":
-        return "tar", "is a tar archive"
+    for at, magic, kind, desc in _MAGIC:
+        if head[at:at + len(magic)] == magic:
+            return kind, desc
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n").lower()
     if text.startswith(("<!doctype html", "<html")) or ("<html" in text and "<head" in text):
         return "html", "is an HTML page (a server's error, login or confirmation page?)"
@@ -45,39 +43,32 @@ def sniff(path):
     return "text", "is plain text"
 
 
-# What each expected kind accepts: a "tar" step unpacks any compressed tar.
-_ACCEPTS = {"gzip": {"gzip"}, "tar": {"tar", "gzip", "bzip2", "xz"}, "text": {"text"}, "zip": {"zip"}}
-_NAMES = {"gzip": "a gzip archive (.tgz)", "tar": "a tar archive", "text": "a plain text file",
-          "zip": "a zip archive"}
+# What each expected kind accepts (a "tar" step unpacks any compressed tar), and its name.
+_ACCEPTS = {"gzip": ({"gzip"}, "a gzip archive (.tgz)"), "tar": ({"tar", "gzip", "bzip2", "xz"}, "a tar archive"),
+            "text": ({"text"}, "a plain text file"), "zip": ({"zip"}, "a zip archive")}
 
 
-def check_kind(path, kind):
-    """None if ``path`` is of ``kind``, else a description of what it is."""
+def check_kind(path, kind, whole=False):
+    """None if PATH is of KIND, else a description of what it is. Text is read whole, a zip's
+    every member CRC-checked; with ``whole``, a tar's every member is read to the end (a gzip's
+    CRC checked), as `tar -t` does."""
     got, desc = sniff(path)
-    if got in _ACCEPTS[kind]:
-        if kind == "zip":  # whole: every member read and its CRC checked, as `tar -t` for a tar
-            try:
-                with zipfile.ZipFile(path) as z:
-                    bad = z.testzip()
-            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-                return f"is corrupt or truncated ({e})"
-            return f"is corrupt or truncated ({bad} fails its CRC check)" if bad else None
-        if kind == "text":  # the whole file, not only its head: a truncated or binary tail
-            return _text_problem(path)
-        return None
-    return f"{desc}, not {_NAMES[kind]}"
-
-
-def tar_problem(path):
-    """None if every member of the tar at PATH reads to the end (a gzip's CRC checked, as
-    `tar -t` does), else why not."""
+    if got not in _ACCEPTS[kind][0]:
+        return f"{desc}, not {_ACCEPTS[kind][1]}"
+    if kind == "text":
+        return _text_problem(path)
     try:
-        with tarfile.open(path) as t:
-            for member in (m for m in t if m.isfile()):
-                data = t.extractfile(member)
-                while data.read(1 << 20):
-                    pass
-    except (tarfile.TarError, zlib.error, EOFError, OSError) as e:
+        if kind == "zip":
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+            return f"is corrupt or truncated ({bad} fails its CRC check)" if bad else None
+        if whole:
+            with tarfile.open(path) as t:
+                for member in (m for m in t if m.isfile()):
+                    data = t.extractfile(member)
+                    while data.read(1 << 20):
+                        pass
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
         return f"is corrupt or truncated ({e})"
     return None
 

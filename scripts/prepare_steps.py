@@ -37,8 +37,6 @@ PUBLISHED = {
     "wikitext-103-v1.zip": (190229076, "sha256:242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590"),
     "simple-examples.tgz": (None, "md5:30177ea32e27c525793142b6bf2c8e2d"),
 }
-# What each kind of download must be: check_kind's name for it, and whether it is a tar.
-KINDS = {"tgz": ("gzip", True), "tar": ("tar", True), "zip": ("zip", False), "text": ("text", False)}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -182,7 +180,7 @@ class Prep:
         return self.o.url if name is None else f"{self.o.url.rstrip('/')}/{name}"
 
     def fetch(self, files):
-        """Step fetch: for each (NAME, URL, KIND) a checked copy -> WORK/fetch/NAME (a link to the
+        """Step fetch: for each (NAME, URL, KIND of check_kind) a checked copy -> WORK/fetch/NAME (a link to the
         --archive file, to NAME in the --archive folder, or to the download in WORK/archives/),
         and the sha256 of each in WORK/fetch/sources.sha256."""
         def run(out):
@@ -211,8 +209,7 @@ class Prep:
                 raise PrepareError(f"{path} {why}; it was downloaded from {url} and is now set aside as "
                                    f"{path}.bad; re-run to download it again, or pass --archive PATH to a good copy")
             raise PrepareError(f"{path} {why}; pass --archive PATH to a good copy")
-        sniffed, is_tar = KINDS[kind]
-        why = corpus.check_kind(path, sniffed) or (is_tar and corpus.tar_problem(path))
+        why = corpus.check_kind(path, kind, whole=True)
         if why:
             bad(why)
         size, want = PUBLISHED.get(path.name, (None, None))
