@@ -68,8 +68,8 @@ WMT16_SOURCES = {  # name: (URL, the folder it is extracted into)
                                      "nc-v11"),
     "dev.tgz": ("https://data.statmt.org/wmt16/translation-task/dev.tgz", "dev"),
 }
-# NVIDIA/DeepLearningExamples PyTorch/Translation/GNMT/scripts/verify_dataset.sh: the md5 of
-# newstest2014.de as input-from-sgm.perl writes it
+# NVIDIA/DeepLearningExamples PyTorch/Translation/GNMT/scripts/verify_dataset.sh: the md5 of newstest2014.de as
+# input-from-sgm.perl writes it
 NEWSTEST2014_DE_MD5 = "f6c3818b477e4a25cad68b61cc883c17"
 
 
@@ -85,8 +85,6 @@ def wmt16(prep):
     bpe (32,000 merges), binarize (--nwordssrc/--nwordstgt 32768)."""
     o, work = prep.o, prep.work
     google = bool(o.archive and not o.archive.is_dir()) or o.url.endswith("/wmt16_en_de.tar.gz")
-    if not google and o.sha256:
-        raise PrepareError("--sha256 checks an --archive FILE; for the four upstream files use --sha256-file FILE")
     if google and o.bpe_size != 32000:
         raise PrepareError(f"Google's archive holds a BPE of 32000 merges, not --bpe-size {o.bpe_size}; learn another "
                            "from the raw corpora (--archive DIR or the default download)")
@@ -175,8 +173,6 @@ def wmt14(prep):
     if o.archive and not o.archive.is_dir():
         raise PrepareError(f"--archive must be a folder holding the five upstream files ({' '.join(WMT14_URLS)}), "
                            f"got the file {o.archive}")
-    if o.sha256:
-        raise PrepareError("--sha256 checks one archive; for the five upstream files use --sha256-file FILE")
     if o.bpe == "none":
         raise PrepareError("--bpe none: WMT14 is used with a subword vocabulary (subword-nmt)")
     root, txt, tok = work / "extract", work / "text", work / "tok"
@@ -233,8 +229,6 @@ def iwslt15_envi(prep):
     o, work = prep.o, prep.work
     files = [f"{s}.{lang}" for s in ("train", "tst2012", "tst2013") for lang in ("en", "vi")]
     tarball = bool(o.archive and not o.archive.is_dir()) or o.url.endswith((".tgz", ".tar", ".tar.gz", ".tar.xz"))
-    if o.sha256 and not tarball:
-        raise PrepareError("--sha256 checks a tar --archive; for the six separate files use --sha256-file FILE")
     url = prep.url("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi", None)
 
     def envi_text(out):
@@ -350,8 +344,8 @@ def find_dir(root, name, where):
     return found[0].parent
 
 
-# scripts/prepare-NAME.sh: its recipe, output folder under data/data-bin, default --bpe-size (None:
-# a word-level corpus), whether its text is lowercased by default, and its own switches
+# scripts/prepare-NAME.sh: its recipe, output folder under data/data-bin, default --bpe-size (None: a word-level
+# corpus), whether its text is lowercased by default, and its own switches
 Dataset = collections.namedtuple("Dataset", "recipe dest bpe_size lowercased flags", defaults=(False, {}))
 DATASETS = {
     "iwslt14": Dataset(iwslt14, "iwslt14.tokenized.de-en", 10000, lowercased=True),

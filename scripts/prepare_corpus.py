@@ -110,8 +110,8 @@ def iwslt_train_lines(lines):
     return out
 
 
-# GNU sed's \s in a UTF-8 locale (glibc [[:space:]]); only ever next to a tag, and
-# the tokenizer trims Unicode whitespace afterwards anyway.
+# GNU sed's \s in a UTF-8 locale (glibc [[:space:]]); only ever next to a tag, and the tokenizer trims Unicode
+# whitespace afterwards anyway.
 _SED_SPACE = "[\t\n\x0b\x0c\r \u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205f\u3000]"
 _SEG_OPEN = re.compile('<seg id="[0-9]*">' + _SED_SPACE + "*")
 _SEG_CLOSE = re.compile(_SED_SPACE + "*</seg>" + _SED_SPACE + "*")
@@ -204,9 +204,9 @@ def split_every(n, inp, keep_out, every_out):
     write_lines(every_out, (x for i, x in enumerate(lines, 1) if not i % n))
 
 
-# Characters other than \n that some readers take as line breaks (fairseq reads
-# text with Python's universal newlines, subword-nmt with str.splitlines): in text
-# that is not tokenized (the Stanford En-Vi files) they would shift one side.
+# Characters other than \n that some readers take as line breaks (fairseq reads text with Python's universal newlines,
+# subword-nmt with str.splitlines): in text that is not tokenized (the Stanford En-Vi files) they would shift one
+# side.
 _BREAKS = str.maketrans({c: " " for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
@@ -254,8 +254,8 @@ def _bpe_chunk(args):
 
         with open(codes, encoding="utf-8", newline="\n") as f:
             bpe = _BPE[codes] = BPE(f)
-    # process_line keeps leading/trailing whitespace exactly as apply_bpe.py does
-    # with the line it reads (newline included)
+    # process_line keeps leading/trailing whitespace exactly as apply_bpe.py does with the line it reads (newline
+    # included)
     return [bpe.process_line(line + "\n")[:-1] for line in lines]
 
 

@@ -25,10 +25,10 @@ SPLITS = ("train", "valid", "test")
 # The value a config passes to fairseq-generate --remove-bpe for each BPE type.
 REMOVE_BPE = {"subword-nmt": "@@ ", "none": None}
 BPE = "subword-nmt"  # the default --bpe of a translation corpus
-# Published size and checksum of an archive, by file name: enforced on every copy. The WMT ones:
-# tensorflow/datasets tensorflow_datasets/url_checksums/wmt{14,16,17}_translate.txt; WikiText:
-# huggingface/datasets datasets/wikitext/dataset_infos.json; PTB: PaddlePaddle
-# python/paddle/dataset/imikolov.py (only an md5 is published).
+# Published size and checksum of an archive, by file name: enforced on every copy. The WMT ones: tensorflow/datasets
+# tensorflow_datasets/url_checksums/wmt{14,16,17}_translate.txt; WikiText: huggingface/datasets
+# datasets/wikitext/dataset_infos.json; PTB: PaddlePaddle python/paddle/dataset/imikolov.py (only an md5 is
+# published).
 PUBLISHED = {
     "training-parallel-europarl-v7.tgz": (657632379, "sha256:0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
     "training-parallel-commoncrawl.tgz": (918311367, "sha256:c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5"),
@@ -183,6 +183,8 @@ class Prep:
         """Step fetch: for each (NAME, URL, KIND of check_kind) a checked copy -> WORK/fetch/NAME (a link to the
         --archive file, to NAME in the --archive folder, or to the download in WORK/archives/),
         and the sha256 of each in WORK/fetch/sources.sha256."""
+        if self.o.sha256 and len(files) > 1:
+            raise PrepareError(f"--sha256 checks one archive; for the {len(files)} upstream files use --sha256-file FILE")
         def run(out):
             sums = []
             for name, url, kind in files:

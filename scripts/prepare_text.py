@@ -11,6 +11,7 @@ import sys
 
 import regex  # perl's Unicode character classes (a fairseq dependency, in requirements.txt)
 
+
 class PrepareError(Exception):
     """A bad input or option, explained in one line (scripts/prepare.py prints it as ERROR)."""
 
@@ -66,11 +67,10 @@ def check_aligned(*paths):
 
 # --- mosesdecoder scripts/tokenizer/tokenizer.perl --------------------------------------
 #
-# A port of tokenize() for tokenizer.perl's defaults (escaping on, no -a, -penn,
-# -protected), languages other than fi/sv/ca/tdt/fr/it/ga/so. sacremoses is close but
-# not identical: it lacks the final-dot rule of mosesdecoder 9fc964da7 (2018-11-07)
-# and splits CJK characters, which perl's \p{IsAlnum} keeps together. Perl's
-# classes are spelled out with the `regex` module's Unicode properties.
+# A port of tokenize() for tokenizer.perl's defaults (escaping on, no -a, -penn, -protected), languages other than
+# fi/sv/ca/tdt/fr/it/ga/so. sacremoses is close but not identical: it lacks the final-dot rule of mosesdecoder
+# 9fc964da7 (2018-11-07) and splits CJK characters, which perl's \p{IsAlnum} keeps together. Perl's classes are
+# spelled out with the `regex` module's Unicode properties.
 
 # perl's \s on character strings (binmode :utf8); Python's \s adds \x1c-\x1f
 _PERL_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -105,18 +105,16 @@ _T = {
 _ESCAPES = (("&", "&amp;"), ("|", "&#124;"), ("<", "&lt;"), (">", "&gt;"), ("'", "&apos;"),
             ('"', "&quot;"), ("[", "&#91;"), ("]", "&#93;"))
 
-# Which mosesdecoder the tokenizer reproduces. "current": the HEAD that fairseq's
-# prepare-iwslt14.sh clones (75d4c672e, 2021). "2017": the one google/seq2seq's
-# wmt16_en_de.sh cloned in 2017, before 9fc964da7 ("split final dots
-# unconditionally", 2018-11-07) and 4da86c360 ("rupees": 'Rs' an English
-# nonbreaking prefix, 2019-11-05); nothing else in tokenizer.perl or the de/en
-# prefix files changed in between.
+# Which mosesdecoder the tokenizer reproduces. "current": the HEAD that fairseq's prepare-iwslt14.sh clones
+# (75d4c672e, 2021). "2017": the one google/seq2seq's wmt16_en_de.sh cloned in 2017, before 9fc964da7 ("split final
+# dots unconditionally", 2018-11-07) and 4da86c360 ("rupees": 'Rs' an English nonbreaking prefix, 2019-11-05); nothing
+# else in tokenizer.perl or the de/en prefix files changed in between.
 MOSES_VERSIONS = ("current", "2017")
 
 
 def _nonbreaking_prefixes(lang, moses):
-    # sacremoses ships mosesdecoder's share/nonbreaking_prefixes files (for de and
-    # en identical to mosesdecoder HEAD); parsed as tokenizer.perl's load_prefixes.
+    # sacremoses ships mosesdecoder's share/nonbreaking_prefixes files (for de and en identical to mosesdecoder HEAD);
+    # parsed as tokenizer.perl's load_prefixes.
     from sacremoses.corpus import NonbreakingPrefixes
 
     nb = NonbreakingPrefixes()
@@ -187,8 +185,8 @@ class MosesTokenizer:
         return text
 
     def _words(self, text):
-        # perl: split(/\s/, $text) keeps empty fields between two spaces (they are
-        # the "next word" of the one before) and drops trailing empty fields.
+        # perl: split(/\s/, $text) keeps empty fields between two spaces (they are the "next word" of the one before)
+        # and drops trailing empty fields.
         words = _T["ws1"].split(text)
         while words and words[-1] == "":
             words.pop()
@@ -214,12 +212,11 @@ class MosesTokenizer:
 
 # --- mosesdecoder scripts/tokenizer/normalize-punctuation.perl --------------------------
 #
-# The perl script has no `use utf8` and no binmode: it rewrites the UTF-8 *bytes* of each
-# line, newline included (it reads with <STDIN> and never chomps). So the port works on
-# bytes with bytes regexes: \d is [0-9], \s is ASCII whitespace, [a-z] with /i is ASCII,
-# [^<] is one byte and matches the newline (a closing quote after a final dot moves before
-# it, unless the line is a file's last and has no newline). Rules in the script's order
-# (mosesdecoder HEAD; before f6d7adde1, 2019-11-25, ‘ and ‚ became " instead of ').
+# The perl script has no `use utf8` and no binmode: it rewrites the UTF-8 *bytes* of each line, newline included (it
+# reads with <STDIN> and never chomps). So the port works on bytes with bytes regexes: \d is [0-9], \s is ASCII
+# whitespace, [a-z] with /i is ASCII, [^<] is one byte and matches the newline (a closing quote after a final dot
+# moves before it, unless the line is a file's last and has no newline). Rules in the script's order (mosesdecoder
+# HEAD; before f6d7adde1, 2019-11-25, ‘ and ‚ became " instead of ').
 
 def _np_rules(lang):
     u = lambda c: c.encode("utf-8")
@@ -267,10 +264,9 @@ class PunctNormalizer:
         return b.decode("utf-8")
 
 
-# remove-non-printing-char.perl: chomp, every \p{C} (control, format, private use,
-# surrogate, unassigned) -> one space, print with "\n". Perl 5.36 knows Unicode 14; the
-# `regex` module's table may be newer, so a code point assigned after Unicode 14 (none in
-# the WMT corpora of 2013-2017) would stay here where perl makes it a space.
+# remove-non-printing-char.perl: chomp, every \p{C} (control, format, private use, surrogate, unassigned) -> one
+# space, print with "\n". Perl 5.36 knows Unicode 14; the `regex` module's table may be newer, so a code point
+# assigned after Unicode 14 (none in the WMT corpora of 2013-2017) would stay here where perl makes it a space.
 _NON_PRINTING = regex.compile(r"\p{C}")
 
 
