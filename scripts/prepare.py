@@ -1,7 +1,6 @@
-"""`python scripts/prepare.py DATASET [options]` (what scripts/prepare-DATASET.sh runs): a corpus
-of the papers, made as the upstream script made it and binarized for fairseq. One function a
-dataset holds its steps in order; prepare_steps.py runs them, prepare_text.py and
-prepare_corpus.py do the text.
+"""`python scripts/prepare.py DATASET [options]` (what scripts/prepare-DATASET.sh runs): a corpus of the papers, made
+as the upstream script made it and binarized for fairseq. One function a dataset holds its steps in order;
+prepare_steps.py runs them, prepare_text.py and prepare_corpus.py do the text.
 """
 import collections
 import os
@@ -18,10 +17,10 @@ from prepare_steps import SPLITS, Prep, PrepareError, parse_options
 def iwslt14(prep):
     """IWSLT14 De-En as fairseq's examples/translation/prepare-iwslt14.sh makes it (byte-identical on
     tests/fixtures/iwslt14-golden/), binarized for De->En. Source: de-en.tgz from
-    https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz (no published checksum). Steps:
-    fetch, extract, text (grep/sed of train.tags and of five XML test sets), tok (tokenizer.perl),
-    split (clean-corpus-n.perl -ratio 1.5 1 175, lowercase.perl, every 23rd pair to valid), the
-    published sizes (160,239 / 7,283 / 6,750 pairs), bpe-learn, bpe (10,000 merges), binarize."""
+    https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz (no published checksum). Steps: fetch, extract, text
+    (grep/sed of train.tags and of five XML test sets), tok (tokenizer.perl), split (clean-corpus-n.perl -ratio 1.5 1
+    175, lowercase.perl, every 23rd pair to valid), the published sizes (160,239 / 7,283 / 6,750 pairs), bpe-learn,
+    bpe (10,000 merges), binarize."""
     work, url = prep.work, prep.url("https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz", None)
     orig, tok = work / "extract" / "de-en", work / "tok"
     test_sets = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")  # fairseq's `cat` order
@@ -74,15 +73,14 @@ NEWSTEST2014_DE_MD5 = "f6c3818b477e4a25cad68b61cc883c17"
 
 
 def wmt16(prep):
-    """WMT16 En-De of fairseq's examples/scaling_nmt, binarized for En->De, rebuilt from the raw
-    corpora as google/seq2seq bin/data/wmt16_en_de.sh made it in 2017 (its archive is gone: fairseq
-    #4192; byte-identical on tests/fixtures/wmt16-golden/). Sources: Europarl v7 de-en.tgz, Common
-    Crawl and News Commentary v11 (published sizes and sha256 enforced), WMT16 dev.tgz (statmt.org);
-    --archive DIR: a folder of the four; --archive FILE: Google's own wmt16_en_de.tar.gz, whose BPE
-    text is binarized as it is. Steps: fetch, extract, text (train in Google's order; test from
-    .sgm, its md5 checked), tok (tokenizer.perl before mosesdecoder 9fc964da7), clean
-    (clean-corpus-n.perl 1 80), sizes (3,000 / 3,003; train 4.4M-4.6M: "about 4.5M"), bpe-learn,
-    bpe (32,000 merges), binarize (--nwordssrc/--nwordstgt 32768)."""
+    """WMT16 En-De of fairseq's examples/scaling_nmt, binarized for En->De, rebuilt from the raw corpora as
+    google/seq2seq bin/data/wmt16_en_de.sh made it in 2017 (its archive is gone: fairseq #4192; byte-identical on
+    tests/fixtures/wmt16-golden/). Sources: Europarl v7 de-en.tgz, Common Crawl and News Commentary v11 (published
+    sizes and sha256 enforced), WMT16 dev.tgz (statmt.org); --archive DIR: a folder of the four; --archive FILE:
+    Google's own wmt16_en_de.tar.gz, whose BPE text is binarized as it is. Steps: fetch, extract, text (train in
+    Google's order; test from .sgm, its md5 checked), tok (tokenizer.perl before mosesdecoder 9fc964da7), clean
+    (clean-corpus-n.perl 1 80), sizes (3,000 / 3,003; train 4.4M-4.6M: "about 4.5M"), bpe-learn, bpe (32,000 merges),
+    binarize (--nwordssrc/--nwordstgt 32768)."""
     o, work = prep.o, prep.work
     google = bool(o.archive and not o.archive.is_dir()) or o.url.endswith("/wmt16_en_de.tar.gz")
     if google and o.bpe_size != 32000:
@@ -161,14 +159,13 @@ WMT14_URLS = {
 
 def wmt14(prep):
     """WMT14 En-De as Shen et al. 2020 prepared it, binarized for En->De: their release's
-    trans-scripts/data-preprocessing/prepare-wmt14en2de.sh (sIncerass/powernorm@9ea6226) = fairseq
-    v0.6.0 prepare-wmt14en2de.sh --scaling18 (byte-identical on tests/fixtures/wmt14-golden/).
-    Sources: the release's five statmt.org archives (published sizes and sha256 of the three
-    training ones enforced); --archive DIR or --url: a folder holding them. Steps: fetch, extract,
-    text, tok (normalize-punctuation.perl | remove-non-printing-char.perl | tokenizer.perl -a, file
-    by file; test: the '<seg id' lines of newstest2014 (full), tokenizer.perl -a), clean
-    (clean-corpus-n.perl 1 80), sizes (3,000 / 3,003; train 4.4M-4.6M: "~4.5M", fairseq PR #203),
-    bpe-learn, bpe (32,764 merges), binarize."""
+    trans-scripts/data-preprocessing/prepare-wmt14en2de.sh (sIncerass/powernorm@9ea6226) = fairseq v0.6.0
+    prepare-wmt14en2de.sh --scaling18 (byte-identical on tests/fixtures/wmt14-golden/). Sources: the release's five
+    statmt.org archives (published sizes and sha256 of the three training ones enforced); --archive DIR or --url: a
+    folder holding them. Steps: fetch, extract, text, tok (normalize-punctuation.perl | remove-non-printing-char.perl
+    | tokenizer.perl -a, file by file; test: the '<seg id' lines of newstest2014 (full), tokenizer.perl -a), clean
+    (clean-corpus-n.perl 1 80), sizes (3,000 / 3,003; train 4.4M-4.6M: "~4.5M", fairseq PR #203), bpe-learn, bpe
+    (32,764 merges), binarize."""
     o, work = prep.o, prep.work
     if o.archive and not o.archive.is_dir():
         raise PrepareError(f"--archive must be a folder holding the five upstream files ({' '.join(WMT14_URLS)}), "
@@ -220,12 +217,11 @@ def wmt14(prep):
 
 
 def iwslt15_envi(prep):
-    """IWSLT15 En-Vi from the Stanford NMT release (Luong and Manning 2015), tokenized and cased as
-    released, binarized for En->Vi. Source: the six files under
-    https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi (no published checksum); --archive: a
-    folder or a tar of them. Steps: fetch, [extract,] text (line-breaking characters other than \\n
-    become spaces; --lowercase), sizes (133,317 / 1,553 / 1,268 pairs), bpe-learn, bpe (8,000
-    merges: this project's choice, as no source states Xu et al. 2019's), binarize."""
+    """IWSLT15 En-Vi from the Stanford NMT release (Luong and Manning 2015), tokenized and cased as released,
+    binarized for En->Vi. Source: the six files under https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi (no
+    published checksum); --archive: a folder or a tar of them. Steps: fetch, [extract,] text (line-breaking characters
+    other than \\n become spaces; --lowercase), sizes (133,317 / 1,553 / 1,268 pairs), bpe-learn, bpe (8,000 merges:
+    this project's choice, as no source states Xu et al. 2019's), binarize."""
     o, work = prep.o, prep.work
     files = [f"{s}.{lang}" for s in ("train", "tst2012", "tst2013") for lang in ("en", "vi")]
     tarball = bool(o.archive and not o.archive.is_dir()) or o.url.endswith((".tgz", ".tar", ".tar.gz", ".tar.xz"))
@@ -260,8 +256,8 @@ def iwslt15_envi(prep):
 
 
 def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tokens, vocabulary, recipe):
-    """Steps fetch, text (the three MEMBERS of the archive, UTF-8 text, and their counts), the
-    published sizes, binarize (fairseq-preprocess --only-source, as fairseq's examples/language_model)."""
+    """Steps fetch, text (the three MEMBERS of the archive, UTF-8 text, and their counts), the published sizes,
+    binarize (fairseq-preprocess --only-source, as fairseq's examples/language_model)."""
     def lm_text(out):
         source = (prep.work / "fetch" / archive).resolve()  # errors name the file given
         corpus.extract_members(source, list(zip(members, SPLITS)), out)
@@ -289,11 +285,11 @@ def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tok
 
 
 def ptb(prep):
-    """The Penn Treebank language-model corpus as Mikolov et al. released it, binarized as it is.
-    Source: http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz (the md5 PaddlePaddle's
-    dataset/imikolov.py publishes is enforced). Sizes enforced: 42,068 / 3,370 / 3,761 lines;
-    929,589 / 73,760 / 82,430 tokens (words and one end of sentence a line, as fairseq-preprocess
-    counts; edwardlib/observations ptb.py); 10,000 words with the end of sentence."""
+    """The Penn Treebank language-model corpus as Mikolov et al. released it, binarized as it is. Source:
+    http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz (the md5 PaddlePaddle's dataset/imikolov.py publishes
+    is enforced). Sizes enforced: 42,068 / 3,370 / 3,761 lines; 929,589 / 73,760 / 82,430 tokens (words and one end of
+    sentence a line, as fairseq-preprocess counts; edwardlib/observations ptb.py); 10,000 words with the end of
+    sentence."""
     members = [f"simple-examples/data/ptb.{s}.txt" for s in SPLITS]
     language_model_corpus(prep, "ptb", "simple-examples.tgz", "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
                           "gzip", members, (42068, 3370, 3761), (929589, 73760, 82430), 10000,
@@ -301,12 +297,11 @@ def ptb(prep):
 
 
 def wikitext103(prep):
-    """WikiText-103 (Merity et al. 2016) as released, binarized as fairseq's examples/language_model.
-    Source: https://wikitext.smerity.com/wikitext-103-v1.zip, its author's mirror (fairseq's S3
-    address answers 403: pytorch/text#2255); published size and sha256 (huggingface/datasets
-    wikitext dataset_infos.json) enforced. Sizes enforced: 1,801,350 / 3,760 / 4,358 lines
-    (torchtext NUM_LINES); 103,227,021 / 217,646 / 245,569 tokens (urvashik/knnlm README);
-    267,735 words with the end of sentence (the transfo-xl-wt103 config)."""
+    """WikiText-103 (Merity et al. 2016) as released, binarized as fairseq's examples/language_model. Source:
+    https://wikitext.smerity.com/wikitext-103-v1.zip, its author's mirror (fairseq's S3 address answers 403:
+    pytorch/text#2255); published size and sha256 (huggingface/datasets wikitext dataset_infos.json) enforced. Sizes
+    enforced: 1,801,350 / 3,760 / 4,358 lines (torchtext NUM_LINES); 103,227,021 / 217,646 / 245,569 tokens
+    (urvashik/knnlm README); 267,735 words with the end of sentence (the transfo-xl-wt103 config)."""
     members = [f"wikitext-103/wiki.{s}.tokens" for s in SPLITS]
     language_model_corpus(prep, "wikitext-103", "wikitext-103-v1.zip", "https://wikitext.smerity.com/wikitext-103-v1.zip",
                           "zip", members, (1801350, 3760, 4358), (103227021, 217646, 245569), 267735,

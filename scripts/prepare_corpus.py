@@ -1,6 +1,6 @@
-"""The text steps that read the released formats: what a downloaded file is, fairseq's
-prepare-iwslt14.sh grep/sed lines on IWSLT's XML, mosesdecoder's input-from-sgm.perl, the
-members and counts of the language-model corpora, and subword-nmt.
+"""The text steps that read the released formats: what a downloaded file is, fairseq's prepare-iwslt14.sh grep/sed
+lines on IWSLT's XML, mosesdecoder's input-from-sgm.perl, the members and counts of the language-model corpora, and
+subword-nmt.
 """
 import codecs
 import os
@@ -49,9 +49,8 @@ _ACCEPTS = {"gzip": ({"gzip"}, "a gzip archive (.tgz)"), "tar": ({"tar", "gzip",
 
 
 def check_kind(path, kind, whole=False):
-    """None if PATH is of KIND, else a description of what it is. Text is read whole, a zip's
-    every member CRC-checked; with ``whole``, a tar's every member is read to the end (a gzip's
-    CRC checked), as `tar -t` does."""
+    """None if PATH is of KIND, else a description of what it is. Text is read whole, a zip's every member
+    CRC-checked; with ``whole``, a tar's every member is read to the end (a gzip's CRC checked), as `tar -t` does."""
     got, desc = sniff(path)
     if got not in _ACCEPTS[kind][0]:
         return f"{desc}, not {_ACCEPTS[kind][1]}"
@@ -74,8 +73,8 @@ def check_kind(path, kind, whole=False):
 
 
 def _text_problem(path):
-    """None if the file is UTF-8 without NUL bytes, else what it is; read in chunks (the
-    WikiText-103 training text is 540 MB)."""
+    """None if the file is UTF-8 without NUL bytes, else what it is; read in chunks (the WikiText-103 training text is
+    540 MB)."""
     decoder, done = codecs.getincrementaldecoder("utf-8")(), 0
     with open(path, "rb") as f:
         while True:
@@ -154,10 +153,9 @@ _ASCII_SPACE = re.compile(r"\s+", re.A)
 
 
 def sgm_text(raw):
-    """The segments of an .sgm file, one a line, as input-from-sgm.perl prints them.
-    The perl script reads bytes (no binmode), so \\s is ASCII whitespace; a <seg>
-    continued on later lines is joined without a separator ("chop" drops the
-    newline); lines without a complete <seg ...>...</seg> are skipped."""
+    """The segments of an .sgm file, one a line, as input-from-sgm.perl prints them. The perl script reads bytes (no
+    binmode), so \\s is ASCII whitespace; a <seg> continued on later lines is joined without a separator ("chop" drops
+    the newline); lines without a complete <seg ...>...</seg> are skipped."""
     lines = raw.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -221,9 +219,9 @@ def sanitize_breaks(inp, out):
 # --- subword-nmt ------------------------------------------------------------------------
 
 class _Cat:
-    """`cat FILE...` as the text stream learn_bpe reads line by line (it takes the
-    name '<stdin>' to mean: read sequentially). Our files end with a newline, so
-    chaining their lines is what `cat` gives, without a copy of WMT16's 2.6 GB."""
+    """`cat FILE...` as the text stream learn_bpe reads line by line (it takes the name '<stdin>' to mean: read
+    sequentially). Our files end with a newline, so chaining their lines is what `cat` gives, without a copy of
+    WMT16's 2.6 GB."""
 
     name = "<stdin>"
 
@@ -267,8 +265,8 @@ def bpe_apply(codes, inp, out, workers=1, chunk=5000):
 # --- language-model corpora (PTB, WikiText-103) -------------------------------------
 
 def extract_members(archive, members, out_dir):
-    """Copy each member of a tar or zip ``archive`` to OUT_DIR/NAME, for ``members`` a list
-    of (path in the archive, NAME); a leading "./" in the archive's names is ignored."""
+    """Copy each member of a tar or zip ``archive`` to OUT_DIR/NAME, for ``members`` a list of (path in the archive,
+    NAME); a leading "./" in the archive's names is ignored."""
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as z:
             found = {i.filename.removeprefix("./"): i for i in z.infolist() if not i.is_dir()}
@@ -291,10 +289,9 @@ def _copy_members(archive, members, out_dir, found, open_member):
 def lm_stats(paths):
     """{"NAME.lines": ..., "NAME.tokens": ...} for each (NAME, PATH) of ``paths``, and "vocabulary".
 
-    Counted as fairseq-preprocess reads the text (universal newlines, whitespace split):
-    tokens = the words and one end of sentence a line (blank lines too), as its "N tokens"
-    line and the published PTB and WikiText figures count them; vocabulary = the distinct
-    words of the first file (train), plus the end of sentence, as published."""
+    Counted as fairseq-preprocess reads the text (universal newlines, whitespace split): tokens = the words and one
+    end of sentence a line (blank lines too), as its "N tokens" line and the published PTB and WikiText figures count
+    them; vocabulary = the distinct words of the first file (train), plus the end of sentence, as published."""
     stats, types = {}, set()
     for k, (name, path) in enumerate(paths):
         lines = tokens = 0

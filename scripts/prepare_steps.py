@@ -1,6 +1,6 @@
-"""The machinery of scripts/prepare.py: the options every dataset takes, a step runner that
-resumes, one download function, the checks of downloads and sizes, fairseq-preprocess and
-prepare.json. data/README.md describes them for users.
+"""The machinery of scripts/prepare.py: the options every dataset takes, a step runner that resumes, one download
+function, the checks of downloads and sizes, fairseq-preprocess and prepare.json. data/README.md describes them for
+users.
 """
 import argparse
 import datetime
@@ -45,8 +45,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_options(name, argv, doc, bpe_size, flags):
-    """The options of scripts/prepare-NAME.sh; ``bpe_size`` None: a word-level corpus (no --bpe
-    options); ``flags``: the dataset's own switches, {--flag: help}."""
+    """The options of scripts/prepare-NAME.sh; ``bpe_size`` None: a word-level corpus (no --bpe options); ``flags``:
+    the dataset's own switches, {--flag: help}."""
     ap = _Parser(prog=f"scripts/prepare-{name}.sh", description=doc, allow_abbrev=False,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add = ap.add_argument
@@ -105,8 +105,8 @@ def digest(path, algo):
 
 
 def download(url, path):
-    """URL -> PATH through PATH.part; a .part left by an earlier run is resumed with an HTTP
-    Range request (a server that ignores it sends the whole file, which replaces the .part)."""
+    """URL -> PATH through PATH.part; a .part left by an earlier run is resumed with an HTTP Range request (a server
+    that ignores it sends the whole file, which replaces the .part)."""
     part = path.with_name(path.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -148,10 +148,9 @@ class Prep:
         print(f"[{self.name}] {message}", file=sys.stderr, flush=True)
 
     def step(self, name, func, *args, params="", out=None):
-        """OUT (default WORK/NAME): done before if it exists, is newer than the previous step's
-        output and was made with the same ``params`` (kept in OUT/.params); else
-        func(OUT.tmp, *args) writes it, and OUT.tmp is renamed to OUT when func returns, so
-        a killed run never leaves a step's output half written."""
+        """OUT (default WORK/NAME): done before if it exists, is newer than the previous step's output and was made
+        with the same ``params`` (kept in OUT/.params); else func(OUT.tmp, *args) writes it, and OUT.tmp is renamed to
+        OUT when func returns, so a killed run never leaves a step's output half written."""
         out = Path(out or self.work / name)
         made = (out / ".params").read_text() if (out / ".params").exists() else ""
         fresh = out.is_dir() and (self.prev is None or out.stat().st_mtime_ns >= self.prev.stat().st_mtime_ns)
@@ -181,8 +180,8 @@ class Prep:
 
     def fetch(self, files):
         """Step fetch: for each (NAME, URL, KIND of check_kind) a checked copy -> WORK/fetch/NAME (a link to the
-        --archive file, to NAME in the --archive folder, or to the download in WORK/archives/),
-        and the sha256 of each in WORK/fetch/sources.sha256."""
+        --archive file, to NAME in the --archive folder, or to the download in WORK/archives/), and the sha256 of each
+        in WORK/fetch/sources.sha256."""
         if self.o.sha256 and len(files) > 1:
             raise PrepareError(f"--sha256 checks one archive; for the {len(files)} upstream files use --sha256-file FILE")
         def run(out):
@@ -203,8 +202,8 @@ class Prep:
         return self.step("fetch", run, params=f"archive={self.o.archive or ''} url={self.o.url}")
 
     def verify(self, path, kind, url):
-        """The sha256 of PATH, once it is shown to be of KIND, whole, and of the expected size and
-        checksum (--sha256, --sha256-file, or PUBLISHED). A bad download is set aside as .bad."""
+        """The sha256 of PATH, once it is shown to be of KIND, whole, and of the expected size and checksum (--sha256,
+        --sha256-file, or PUBLISHED). A bad download is set aside as .bad."""
         def bad(why):
             if url:
                 path.replace(path.with_name(path.name + ".bad"))
@@ -247,8 +246,8 @@ class Prep:
                                    "to the right archive")
 
     def check_figures(self, where, figures):
-        """Each (NAME, GOT, WANT, UNIT) of ``figures`` against the published WANT (a number or a
-        (LO, HI) band): a difference stops the run, unless --skip-size-check."""
+        """Each (NAME, GOT, WANT, UNIT) of ``figures`` against the published WANT (a number or a (LO, HI) band): a
+        difference stops the run, unless --skip-size-check."""
         good, bad = [], []
         for name, got, want, unit in figures:
             lo, hi = want if isinstance(want, tuple) else (want, want)
@@ -279,9 +278,9 @@ class Prep:
         self.check_figures(folder, [(s, text.count_lines(folder / f"{s}.{lang}"), n, "pairs") for s, n in sizes.items()])
 
     def bpe_and_binarize(self, folder, src, tgt, info, preprocess_args=(), bpe_done=False):
-        """Steps bpe-learn and bpe (a joint subword-nmt BPE learned on train.SRC then train.TGT;
-        none with --bpe none or ``bpe_done``), then binarize (fairseq-preprocess
-        --joined-dictionary) with prepare.json: ``info`` and what every corpus records."""
+        """Steps bpe-learn and bpe (a joint subword-nmt BPE learned on train.SRC then train.TGT; none with --bpe none
+        or ``bpe_done``), then binarize (fairseq-preprocess --joined-dictionary) with prepare.json: ``info`` and what
+        every corpus records."""
         if self.o.bpe != "none" and not bpe_done:
             codes = self.step("bpe-learn", lambda out: corpus.bpe_learn(
                 out / "code", self.o.bpe_size, [folder / f"train.{src}", folder / f"train.{tgt}"]),
@@ -299,8 +298,8 @@ class Prep:
                       lambda out: {**info, "sizes": {s: text.count_lines(folder / f"{s}.{src}") for s in SPLITS}})
 
     def binarize(self, folder, args, info):
-        """Step binarize: fairseq-preprocess ARGS on FOLDER/{train,valid,test} -> the output
-        folder, with FOLDER/code (the BPE codes) and prepare.json (``info(OUT)`` and the rest)."""
+        """Step binarize: fairseq-preprocess ARGS on FOLDER/{train,valid,test} -> the output folder, with FOLDER/code
+        (the BPE codes) and prepare.json (``info(OUT)`` and the rest)."""
         if self.o.no_binarize:
             self.log(f"--no-binarize: the text for fairseq-preprocess is in {folder} (no prepare.json is written)")
             return

@@ -1,8 +1,8 @@
-"""Line-for-line ports of mosesdecoder's perl scripts (tokenizer.perl,
-normalize-punctuation.perl, remove-non-printing-char.perl, clean-corpus-n.perl, lowercase.perl),
-so that no perl or mosesdecoder checkout is needed, and the file helpers of the text steps.
-Where a Python library and the perl script disagree, the perl script wins: tests/test_prepare.py
-requires our output to be byte-identical to the upstream scripts' (tests/fixtures/*-golden/).
+"""Line-for-line ports of mosesdecoder's perl scripts (tokenizer.perl, normalize-punctuation.perl,
+remove-non-printing-char.perl, clean-corpus-n.perl, lowercase.perl), so that no perl or mosesdecoder checkout is
+needed, and the file helpers of the text steps. Where a Python library and the perl script disagree, the perl script
+wins: tests/test_prepare.py requires our output to be byte-identical to the upstream scripts'
+(tests/fixtures/*-golden/).
 """
 import itertools
 import os
@@ -17,8 +17,8 @@ class PrepareError(Exception):
 
 
 def iter_lines(path):
-    """Lines split on "\\n" only, as perl, sed and awk read them (streamed: the
-    WMT16 training text is 4.5M lines a side)."""
+    """Lines split on "\\n" only, as perl, sed and awk read them (streamed: the WMT16 training text is 4.5M lines a
+    side)."""
     with open(path, encoding="utf-8", newline="\n") as f:
         for line in f:
             yield line[:-1] if line.endswith("\n") else line
@@ -251,8 +251,8 @@ def _np_rules(lang):
 
 
 class PunctNormalizer:
-    """normalize-punctuation.perl LANG on one line given with its newline (or without, for a
-    last line that has none); returns the line as the script prints it."""
+    """normalize-punctuation.perl LANG on one line given with its newline (or without, for a last line that has none);
+    returns the line as the script prints it."""
 
     def __init__(self, lang):
         self.rules = _np_rules(lang)
@@ -299,10 +299,9 @@ def _moses_chunk(args):
 
 def tokenize_file(inp, out, lang, moses="current", aggressive=False, norm=False, rem=False, workers=1,
                   chunk=2000):
-    """`cat INP | [normalize-punctuation.perl LANG |] [remove-non-printing-char.perl |]
-    tokenizer.perl [-a] -l LANG > OUT`. Whether the file's last line has a newline matters
-    to normalize-punctuation.perl (see above), so files are processed one at a time, as
-    fairseq's prepare-wmt14en2de.sh does."""
+    """`cat INP | [normalize-punctuation.perl LANG |] [remove-non-printing-char.perl |] tokenizer.perl [-a] -l LANG >
+    OUT`. Whether the file's last line has a newline matters to normalize-punctuation.perl (see above), so files are
+    processed one at a time, as fairseq's prepare-wmt14en2de.sh does."""
     MosesTokenizer(lang, moses, aggressive)  # fail early on a bad language
     with open(inp, "rb") as f:
         f.seek(0, os.SEEK_END)
@@ -319,12 +318,10 @@ def tokenize_file(inp, out, lang, moses="current", aggressive=False, norm=False,
 # --- mosesdecoder scripts/training/clean-corpus-n.perl ----------------------------------
 
 def clean_pairs(pairs, min_len, max_len, ratio=9.0, max_word_length=1000):
-    """clean-corpus-n.perl [-ratio R] corpus src tgt out MIN MAX over (src, tgt)
-    pairs: yields the kept pairs, *normalized* as the perl script writes them ('|'
-    removed unless the first pair has one, whitespace runs to one space, trimmed);
-    a pair is dropped if a side is empty, has fewer than MIN or more than MAX
-    words, is more than R times longer than the other, or has a word over 1000
-    characters."""
+    """clean-corpus-n.perl [-ratio R] corpus src tgt out MIN MAX over (src, tgt) pairs: yields the kept pairs,
+    *normalized* as the perl script writes them ('|' removed unless the first pair has one, whitespace runs to one
+    space, trimmed); a pair is dropped if a side is empty, has fewer than MIN or more than MAX words, is more than R
+    times longer than the other, or has a word over 1000 characters."""
     pairs = iter(pairs)
     first = next(pairs, None)
     if first is None:
@@ -369,8 +366,8 @@ def clean_corpus(src, tgt, out_src, out_tgt, min_len, max_len, ratio=9.0):
 # --- mosesdecoder scripts/tokenizer/lowercase.perl --------------------------------------
 
 def perl_lc(line):
-    """perl's lc(): Unicode full lowercase mapping, but no final-sigma rule (Python's
-    str.lower() writes a word-final capital sigma as 'ς', perl as 'σ')."""
+    """perl's lc(): Unicode full lowercase mapping, but no final-sigma rule (Python's str.lower() writes a word-final
+    capital sigma as 'ς', perl as 'σ')."""
     return line.replace("\u03a3", "\u03c3").lower()
 
 
