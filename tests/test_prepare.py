@@ -603,12 +603,51 @@ def test_iwslt14_unreachable_url(tmp_path):
 
 
 def test_iwslt14_file_url_download(tmp_path, iwslt14_archive):
-    """A file:// URL goes through the download path (curl) and is then verified."""
+    """A file:// URL goes through the download path and is then verified."""
     work = tmp_path / "work"
-    run_killed_in("text", "prepare-iwslt14.sh", "--url", f"file://{iwslt14_archive}", "--work", work,
+    run_killed_in("tok", "prepare-iwslt14.sh", "--url", f"file://{iwslt14_archive}", "--work", work,
                   "--no-binarize")
     assert (work / "archives" / "de-en.tgz").read_bytes() == Path(iwslt14_archive).read_bytes()
-    assert markers(work) == ["extract", "fetch"]
+    assert markers(work) == ["extract", "fetch", "text"]
+
+
+def test_download_resumes_with_a_range_request(tmp_path):
+    """A .part left by an earlier run is resumed with an HTTP Range request; a server that ignores
+    it sends the whole file, which replaces the .part; a failure names the URL."""
+    import http.server
+
+    import prepare_steps
+
+    data, seen = os.urandom(100_000), []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Range"))
+            if self.path != "/f.tgz":
+                return self.send_error(404)
+            start = int(self.headers["Range"][len("bytes="):-1]) if self.server.ranges else 0
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Length", str(len(data) - start))
+            self.end_headers()
+            self.wfile.write(data[start:])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/f.tgz"
+    try:
+        for server.ranges in (True, False):
+            path = tmp_path / f"f-{server.ranges}.tgz"
+            path.with_name(path.name + ".part").write_bytes(data[:30_000])
+            prepare_steps.download(url, path)
+            assert path.read_bytes() == data and not path.with_name(path.name + ".part").exists()
+        assert seen == ["bytes=30000-", "bytes=30000-"]
+        with pytest.raises(pt.PrepareError, match=r"cannot download http://127.0.0.1:\d+/gone.tgz \(HTTP 404"):
+            prepare_steps.download(url.replace("f.tgz", "gone.tgz"), tmp_path / "gone.tgz")
+    finally:
+        server.shutdown()
 
 
 # --- WMT16 from the raw corpora --------------------------------------------------------
