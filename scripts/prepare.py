@@ -3,6 +3,7 @@ as the upstream script made it and binarized for fairseq. One function a dataset
 prepare_steps.py runs them, prepare_text.py and prepare_corpus.py do the text.
 """
 import collections
+import inspect
 import os
 import shutil
 import sys
@@ -29,7 +30,8 @@ def iwslt14(prep):
         for lang in ("de", "en"):
             xmls = [orig / f"IWSLT14.{s}.de-en.{lang}.xml" for s in test_sets]
             prep.require(orig / f"train.tags.de-en.{lang}", *xmls)
-            text.write_lines(out / f"train.{lang}", corpus.iwslt_train_lines(text.iter_lines(orig / f"train.tags.de-en.{lang}")))
+            tags = text.iter_lines(orig / f"train.tags.de-en.{lang}")
+            text.write_lines(out / f"train.{lang}", corpus.iwslt_train_lines(tags))
             corpus.iwslt_xml_file(xmls, out / f"test.{lang}")
         aligned(out, ("train", "test"), "de", "en")
 
@@ -173,8 +175,9 @@ def wmt14(prep):
     if o.bpe == "none":
         raise PrepareError("--bpe none: WMT14 is used with a subword vocabulary (subword-nmt)")
     root, txt, tok = work / "extract", work / "text", work / "tok"
-    parts = ("training/europarl-v7.de-en", "commoncrawl.de-en", "training/news-commentary-v12.de-en")  # the release's order
-    sgm = {"en": root / "test-full" / "newstest2014-deen-src.en.sgm", "de": root / "test-full" / "newstest2014-deen-ref.de.sgm"}
+    parts = ("training/europarl-v7.de-en", "commoncrawl.de-en", "training/news-commentary-v12.de-en")  # in its order
+    sgm = {"en": root / "test-full" / "newstest2014-deen-src.en.sgm",
+           "de": root / "test-full" / "newstest2014-deen-ref.de.sgm"}
 
     def wmt14_text(out):
         prep.require(*[root / f"{p}.{lang}" for p in parts for lang in ("en", "de")], *sgm.values(),
@@ -252,7 +255,7 @@ def iwslt15_envi(prep):
     prep.check_sizes(work / "text", "en", {"train": 133317, "valid": 1553, "test": 1268})
     prep.bpe_and_binarize(work / "text", "en", "vi", {
         "dataset": "iwslt15.en-vi", "recipe": "Stanford NMT iwslt15.en-vi files as released",
-        "bpe_note": "the default BPE is this project's choice: no source states the En-Vi vocabulary of Xu et al. 2019"})
+        "bpe_note": "the default BPE is this project's choice: Xu et al. 2019 do not state their En-Vi vocabulary"})
 
 
 def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tokens, vocabulary, recipe):
@@ -280,7 +283,8 @@ def language_model_corpus(prep, dataset, archive, url, kind, members, lines, tok
              "the words and one end of sentence a line")
     prep.check_figures(folder, [(s, st[f"{s}.{unit}"], want[k], unit) for k, s in enumerate(SPLITS)
                                 for unit, want in (("lines", lines), ("tokens", tokens))]
-                       + [("train", st["vocabulary"], vocabulary, "words in its vocabulary (with the end of sentence)")])
+                       + [("train", st["vocabulary"], vocabulary,
+                           "words in its vocabulary (with the end of sentence)")])
     prep.binarize(folder, ["--only-source"], manifest)
 
 
@@ -291,8 +295,9 @@ def ptb(prep):
     sentence a line, as fairseq-preprocess counts; edwardlib/observations ptb.py); 10,000 words with the end of
     sentence."""
     members = [f"simple-examples/data/ptb.{s}.txt" for s in SPLITS]
-    language_model_corpus(prep, "ptb", "simple-examples.tgz", "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
-                          "gzip", members, (42068, 3370, 3761), (929589, 73760, 82430), 10000,
+    language_model_corpus(prep, "ptb", "simple-examples.tgz",
+                          "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz", "gzip", members,
+                          (42068, 3370, 3761), (929589, 73760, 82430), 10000,
                           "Mikolov et al. simple-examples.tgz data/ptb.*.txt as released")
 
 
@@ -303,8 +308,9 @@ def wikitext103(prep):
     enforced: 1,801,350 / 3,760 / 4,358 lines (torchtext NUM_LINES); 103,227,021 / 217,646 / 245,569 tokens
     (urvashik/knnlm README); 267,735 words with the end of sentence (the transfo-xl-wt103 config)."""
     members = [f"wikitext-103/wiki.{s}.tokens" for s in SPLITS]
-    language_model_corpus(prep, "wikitext-103", "wikitext-103-v1.zip", "https://wikitext.smerity.com/wikitext-103-v1.zip",
-                          "zip", members, (1801350, 3760, 4358), (103227021, 217646, 245569), 267735,
+    language_model_corpus(prep, "wikitext-103", "wikitext-103-v1.zip",
+                          "https://wikitext.smerity.com/wikitext-103-v1.zip", "zip", members,
+                          (1801350, 3760, 4358), (103227021, 217646, 245569), 267735,
                           "fairseq examples/language_model (wikitext-103-v1.zip as released)")
 
 
@@ -359,7 +365,8 @@ def main(argv):
         return 2
     name, d = argv[0], DATASETS[argv[0]]
     try:
-        prep = Prep(name, parse_options(name, argv[1:], d.recipe.__doc__, d.bpe_size, d.flags), d.dest, d.lowercased)
+        o = parse_options(name, argv[1:], inspect.cleandoc(d.recipe.__doc__), d.bpe_size, d.flags)
+        prep = Prep(name, o, d.dest, d.lowercased)
         prep.log(f"work folder {prep.work}, output {prep.dest}")
         d.recipe(prep)
         prep.log(f"all steps done in {time.time() - prep.t0:.0f}s")

@@ -30,10 +30,14 @@ BPE = "subword-nmt"  # the default --bpe of a translation corpus
 # datasets/wikitext/dataset_infos.json; PTB: PaddlePaddle python/paddle/dataset/imikolov.py (only an md5 is
 # published).
 PUBLISHED = {
-    "training-parallel-europarl-v7.tgz": (657632379, "sha256:0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
-    "training-parallel-commoncrawl.tgz": (918311367, "sha256:c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5"),
-    "training-parallel-nc-v11.tgz": (75178032, "sha256:cfe8ab047e05043476e498ee765c98e939c7b7d6d294e856344c84476b619d6a"),
-    "training-parallel-nc-v12.tgz": (168591139, "sha256:2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2"),
+    "training-parallel-europarl-v7.tgz":
+        (657632379, "sha256:0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
+    "training-parallel-commoncrawl.tgz":
+        (918311367, "sha256:c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5"),
+    "training-parallel-nc-v11.tgz":
+        (75178032, "sha256:cfe8ab047e05043476e498ee765c98e939c7b7d6d294e856344c84476b619d6a"),
+    "training-parallel-nc-v12.tgz":
+        (168591139, "sha256:2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2"),
     "wikitext-103-v1.zip": (190229076, "sha256:242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590"),
     "simple-examples.tgz": (None, "md5:30177ea32e27c525793142b6bf2c8e2d"),
 }
@@ -183,7 +187,8 @@ class Prep:
         --archive file, to NAME in the --archive folder, or to the download in WORK/archives/), and the sha256 of each
         in WORK/fetch/sources.sha256."""
         if self.o.sha256 and len(files) > 1:
-            raise PrepareError(f"--sha256 checks one archive; for the {len(files)} upstream files use --sha256-file FILE")
+            raise PrepareError(f"--sha256 checks one archive; for the {len(files)} upstream files use "
+                               "--sha256-file FILE")
         def run(out):
             sums = []
             for name, url, kind in files:
@@ -225,7 +230,8 @@ class Prep:
             algo, hexdigest = want.split(":")
             got = sha if algo == "sha256" else digest(path, algo)
             if got != hexdigest:
-                bad(f"has {algo} {got}, expected {hexdigest} ({source}): checksum mismatch (corrupt, or another version)")
+                bad(f"has {algo} {got}, expected {hexdigest} ({source}): checksum mismatch (corrupt, or another "
+                    "version)")
             self.log(f"{algo} of {path.name} verified ({got}, {source})")
         return sha
 
@@ -262,8 +268,8 @@ class Prep:
             self.size_check = f"skipped: {'; '.join(bad)}"
             self.log(f"sizes differ from the published ones ({'; '.join(bad)}); going on (--skip-size-check)")
         else:
-            raise PrepareError(f"sizes differ from the published ones: {'; '.join(bad)} (in {where}); the source "
-                               "or a step is not the standard one; pass --skip-size-check to accept a deliberate change")
+            raise PrepareError(f"sizes differ from the published ones: {'; '.join(bad)} (in {where}); the source or "
+                               "a step is not the standard one; pass --skip-size-check to accept a deliberate change")
 
     def check_checksum(self, path, algo, want, source):
         """PATH, made by a step, is the published file (its ALGO digest, published by SOURCE)."""
@@ -275,7 +281,8 @@ class Prep:
 
     def check_sizes(self, folder, lang, sizes):
         """FOLDER/SPLIT.LANG has the published number of lines, for each SPLIT: N of ``sizes``."""
-        self.check_figures(folder, [(s, text.count_lines(folder / f"{s}.{lang}"), n, "pairs") for s, n in sizes.items()])
+        self.check_figures(folder, [(s, text.count_lines(folder / f"{s}.{lang}"), n, "pairs")
+                                    for s, n in sizes.items()])
 
     def bpe_and_binarize(self, folder, src, tgt, info, preprocess_args=(), bpe_done=False):
         """Steps bpe-learn and bpe (a joint subword-nmt BPE learned on train.SRC then train.TGT; none with --bpe none
@@ -293,7 +300,8 @@ class Prep:
                 shutil.copy(codes, out / "code")
             folder = self.step("bpe", apply)
         info = {"source_lang": src, "target_lang": tgt, "bpe": self.o.bpe, "lowercased": self.lowercased,
-                "bpe_size": self.o.bpe_size if self.o.bpe != "none" else None, "remove_bpe": REMOVE_BPE[self.o.bpe], **info}
+                "bpe_size": self.o.bpe_size if self.o.bpe != "none" else None,
+                "remove_bpe": REMOVE_BPE[self.o.bpe], **info}
         self.binarize(folder, ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary", *preprocess_args],
                       lambda out: {**info, "sizes": {s: text.count_lines(folder / f"{s}.{src}") for s in SPLITS}})
 
