@@ -151,10 +151,10 @@ class Prep:
     def log(self, message):
         print(f"[{self.name}] {message}", file=sys.stderr, flush=True)
 
-    def step(self, name, func, *args, params="", out=None):
+    def step(self, name, func, *args, params="", out=None, **kwargs):
         """OUT (default WORK/NAME): done before if it exists, is newer than the previous step's output and was made
-        with the same ``params`` (kept in OUT/.params); else func(OUT.tmp, *args) writes it, and OUT.tmp is renamed to
-        OUT when func returns, so a killed run never leaves a step's output half written."""
+        with the same ``params`` (kept in OUT/.params); else func(OUT.tmp, *args, **kwargs) writes it, and OUT.tmp is
+        renamed to OUT when func returns, so a killed run never leaves a step's output half written."""
         out = Path(out or self.work / name)
         made = (out / ".params").read_text() if (out / ".params").exists() else ""
         fresh = out.is_dir() and (self.prev is None or out.stat().st_mtime_ns >= self.prev.stat().st_mtime_ns)
@@ -166,7 +166,7 @@ class Prep:
             tmp.mkdir(parents=True)
             self.log(f"step {name}: running")
             t0 = time.time()
-            func(tmp, *args)
+            func(tmp, *args, **kwargs)
             if params:
                 (tmp / ".params").write_text(params)
             os.utime(tmp)  # newer than the step before, whatever mtimes an archive carried
@@ -176,11 +176,10 @@ class Prep:
         self.prev = out
         return out
 
-    def url(self, default, name):
-        """Where NAME comes from: --url (a mirror folder when there are several files) or the default."""
-        if not self.o.url:
-            return default
-        return self.o.url if name is None else f"{self.o.url.rstrip('/')}/{name}"
+    def tokenize(self, out, src, names, **moses):
+        """tokenizer.perl (tokenize_file with the options ``moses``) on SRC/NAME -> OUT/NAME, NAME ending in .LANG."""
+        for name in names:
+            text.tokenize_file(src / name, out / name, name.rsplit(".", 1)[1], workers=self.o.workers, **moses)
 
     def fetch(self, files):
         """Step fetch: for each (NAME, URL, KIND of check_kind) a checked copy -> WORK/fetch/NAME (a link to the
