@@ -188,6 +188,7 @@ class Prep:
         if self.o.sha256 and len(files) > 1:
             raise PrepareError(f"--sha256 checks one archive; for the {len(files)} upstream files use "
                                "--sha256-file FILE")
+
         def run(out):
             sums = []
             for name, url, kind in files:
