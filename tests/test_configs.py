@@ -205,9 +205,11 @@ def test_configs_are_values_and_their_sources_are_in_the_repository():
         assert not re.search(r"could not be (read|verified)|not (read|verifiable) here", text), path.name
 
 
-def _prepare_default(script, var):
-    text = (REPO / "scripts" / script).read_text()
-    return re.search(rf"^{var}=(\S*)", text, re.M).group(1)
+def _prepare_default(script):
+    """What scripts/prepare-NAME.sh makes by default (scripts/prepare.py's DATASETS)."""
+    from prepare import DATASETS
+
+    return DATASETS[script.removeprefix("prepare-").removesuffix(".sh")]
 
 
 DATA_OF = {
@@ -224,17 +226,18 @@ DATA_OF = {
 def test_data_is_what_the_prepare_script_makes_by_default(path):
     """Path, languages, the BPE to remove and the casing of scripts/prepare-*.sh's defaults; a
     language model's words as prepared, with no BPE to remove."""
-    from prepare_text import REMOVE_BPE
+    from prepare_steps import BPE, REMOVE_BPE
 
     r = _recipe(path)
     script, src, tgt = DATA_OF[r.dataset]
-    assert r.data == "data/data-bin/" + _prepare_default(script, "PL_DEST_NAME")
+    made = _prepare_default(script)
+    assert r.data == "data/data-bin/" + made.dest
     assert (r.source_lang, r.target_lang) == (src, tgt)
     if r.task == "language_modeling":
-        assert _prepare_default(script, "PL_BPE") == ""  # word level: perplexity per word
+        assert made.bpe_size is None  # word level: perplexity per word
         return
-    assert r.evaluate["remove_bpe"] == REMOVE_BPE[_prepare_default(script, "PL_BPE")]
-    assert r.evaluate["lowercase"] == (_prepare_default(script, "PL_LOWERCASED") == "1")
+    assert r.evaluate["remove_bpe"] == REMOVE_BPE[BPE]
+    assert r.evaluate["lowercase"] == made.lowercased
 
 
 @pytest.mark.parametrize("path", ALL, ids=_id)

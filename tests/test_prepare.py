@@ -1,11 +1,11 @@
-"""scripts/prepare-*.sh and scripts/prepare_text.py.
+"""scripts/prepare-*.sh (scripts/prepare.py) and the text steps they call.
 
 * The golden test: tests/fixtures/iwslt14-golden/ holds a small archive in the
   IWSLT14 layout and what fairseq's own examples/translation/prepare-iwslt14.sh
   (with mosesdecoder's perl scripts and subword-nmt) made of it; our script must
   give byte-identical tokenized and BPE text (see the fixture's README).
-* Unit tests of the ports in prepare_text.py hold expected values taken from the
-  upstream perl scripts (tokenizer.perl at two mosesdecoder commits,
+* Unit tests of the ports in prepare_text.py and prepare_corpus.py hold expected
+  values taken from the upstream perl scripts (tokenizer.perl at two mosesdecoder commits,
   input-from-sgm.perl, clean-corpus-n.perl, lowercase.perl), run once by hand.
 * The other tests build small archives in the upstream layouts here (tgz with
   de-en/, XML with <seg id>, sgm, plain text). Every sentence carries a pair id
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+import prepare_corpus as corpus
 import prepare_text as pt
 from conftest import kill_group, start_process
 
@@ -75,9 +76,9 @@ def run_killed_in(step, script, *args, timeout=120):
 
 
 def outputs(work):
-    """Every file the steps made (not the markers, the lock or the downloads): path -> bytes."""
+    """Every file the steps made (not the downloads): path -> bytes."""
     return {str(p.relative_to(work)): p.read_bytes() for p in sorted(Path(work).rglob("*"))
-            if p.is_file() and p.parts[len(Path(work).parts)] not in (".state", ".lock", "archives")}
+            if p.is_file() and p.parts[len(Path(work).parts)] != "archives"}
 
 
 def errors(r):
@@ -92,9 +93,17 @@ def sha(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def markers(work):
-    state = Path(work) / ".state"
-    return sorted(p.name[:-5] for p in state.glob("*.done")) if state.exists() else []
+def step_outputs(work, dest=None):
+    """The steps done: name -> their output folder (a step's unfinished output is STEP.tmp;
+    binarize writes DEST)."""
+    done = {p.name: p for p in Path(work).glob("*") if p.is_dir() and p.suffix != ".tmp" and p.name != "archives"}
+    if dest is not None and Path(dest).is_dir():
+        done["binarize"] = Path(dest)
+    return done
+
+
+def markers(work, dest=None):
+    return sorted(step_outputs(work, dest))
 
 
 def ids(line):
@@ -213,14 +222,14 @@ SGM_TEXT = ["Gutach: Noch mehr Sicherheit für Fußgänger", "Sie stehen keine 1
 
 
 def test_sgm_text_like_input_from_sgm_perl():
-    assert pt.sgm_text(SGM) == SGM_TEXT
+    assert corpus.sgm_text(SGM) == SGM_TEXT
 
 
 def test_iwslt_xml_like_fairseq_grep_sed():
     xml = ['<doc docid="1" genre="lectures">', "<title>Größe’s</title>",
            '<seg id="1"> Jörg’s Idee\t</seg>  ', '<seg id="22">x</seg>', "<seg id=\"3\">\u2009thin\u2009</seg>",
            '<seg id="4">\u00a0</seg>', "</doc>"]
-    assert pt.iwslt_xml_lines(xml) == ["Jörg's Idee", "x", "thin", "\u00a0"]
+    assert corpus.iwslt_xml_lines(xml) == ["Jörg's Idee", "x", "thin", "\u00a0"]
 
 
 @pytest.mark.parametrize("content,kind,ok,says", [
@@ -236,7 +245,7 @@ def test_iwslt_xml_like_fairseq_grep_sed():
 def test_check_kind(tmp_path, content, kind, ok, says):
     f = tmp_path / "f"
     f.write_bytes(content)
-    why = pt.check_kind(f, kind)
+    why = corpus.check_kind(f, kind)
     assert (why is None) == ok, why
     if not ok:
         assert says in why
@@ -458,16 +467,16 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
     assert info["sources"] == {"de-en.tgz": sha(iwslt14_archive)}
     assert info["size_check"].startswith("skipped: train has 315 pairs, published 160239")
     assert "prepare-iwslt14.sh" in info["script"] and info["date"].endswith("Z")
-    done = markers(work)
-    assert done == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe", "binarize"))
-    mtimes = {m: (work / ".state" / f"{m}.done").stat().st_mtime_ns for m in done}
+    done = step_outputs(work, dest)
+    assert sorted(done) == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe", "binarize"))
+    mtimes = {m: p.stat().st_mtime_ns for m, p in done.items()}
 
     # second run: every step skipped, nothing rewritten
     r2 = run("prepare-iwslt14.sh", *args)
     assert r2.returncode == 0, r2.stderr
     assert r2.stderr.count("done before, skipping") == 8, r2.stderr
     assert "running" not in r2.stderr
-    assert {m: (work / ".state" / f"{m}.done").stat().st_mtime_ns for m in markers(work)} == mtimes
+    assert {m: p.stat().st_mtime_ns for m, p in step_outputs(work, dest).items()} == mtimes
 
     # a changed BPE size redoes bpe-learn and everything after it, not the text steps
     r3 = run("prepare-iwslt14.sh", *args, "--bpe-size", 150, "--no-binarize")
@@ -480,7 +489,7 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
 @pytest.mark.slow
 def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive):
     work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize", "--classic-clean")
+    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize")
     assert r.returncode != 0
     err = errors(r)
     assert len(err) == 1, r.stderr
@@ -503,10 +512,12 @@ def test_bad_options(tmp_path, args, says):
 
 
 @pytest.mark.slow
-def test_iwslt14_killed_mid_step_then_rerun(tmp_path, iwslt14_archive):
+def test_iwslt14_killed_mid_step_then_rerun(tmp_path):
     """SIGKILL inside a step, twice: no step is marked done with partial output, and the
-    re-run's output is byte-identical to that of a run never interrupted."""
-    args = ("--archive", iwslt14_archive, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
+    re-run's output is byte-identical to that of a run never interrupted. The corpus is ten
+    times the held-out one, so that each step runs long enough for the kill to land in it."""
+    archive = make_iwslt14_archive(tmp_path / "de-en.tgz", iwslt14_corpus() * 10)
+    args = ("--archive", archive, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
     whole, work = tmp_path / "whole", tmp_path / "work"
     assert run("prepare-iwslt14.sh", *args, "--work", whole).returncode == 0
     run_killed_in("split", "prepare-iwslt14.sh", *args, "--work", work)
@@ -544,7 +555,6 @@ def test_iwslt14_bad_archives(tmp_path, iwslt14_archive):
         err = errors(r)
         assert len(err) == 1 and str(bad) in err[0] and says in err[0] and "--archive" in err[0], (name, r.stderr)
         assert markers(work) == []
-        assert not (work / "archives" / f"{name}.sha256").exists()  # a bad copy is never pinned
 
 
 def test_iwslt14_misaligned_sides(tmp_path):
@@ -580,12 +590,6 @@ def test_iwslt14_checksum_mismatch(tmp_path, iwslt14_archive):
     assert r.returncode != 0
     assert "checksum mismatch" in r.stderr and str(iwslt14_archive) in r.stderr
     assert markers(work) == []
-    # a pinned value from an earlier good copy is enforced on a different file
-    other = make_iwslt14_archive(tmp_path / "other.tgz", iwslt14_corpus()[:200])
-    (work / "archives").mkdir(exist_ok=True)
-    (work / "archives" / "other.tgz.sha256").write_text(sha(iwslt14_archive) + "  other.tgz\n")
-    r = run("prepare-iwslt14.sh", "--archive", other, "--work", work, "--no-binarize")
-    assert r.returncode != 0 and "checksum mismatch" in r.stderr
 
 
 def test_iwslt14_unreachable_url(tmp_path):
@@ -599,12 +603,51 @@ def test_iwslt14_unreachable_url(tmp_path):
 
 
 def test_iwslt14_file_url_download(tmp_path, iwslt14_archive):
-    """A file:// URL goes through the download path (curl) and is then verified."""
+    """A file:// URL goes through the download path and is then verified."""
     work = tmp_path / "work"
-    run_killed_in("text", "prepare-iwslt14.sh", "--url", f"file://{iwslt14_archive}", "--work", work,
+    run_killed_in("tok", "prepare-iwslt14.sh", "--url", f"file://{iwslt14_archive}", "--work", work,
                   "--no-binarize")
     assert (work / "archives" / "de-en.tgz").read_bytes() == Path(iwslt14_archive).read_bytes()
-    assert markers(work) == ["extract", "fetch"]
+    assert markers(work) == ["extract", "fetch", "text"]
+
+
+def test_download_resumes_with_a_range_request(tmp_path):
+    """A .part left by an earlier run is resumed with an HTTP Range request; a server that ignores
+    it sends the whole file, which replaces the .part; a failure names the URL."""
+    import http.server
+
+    import prepare_steps
+
+    data, seen = os.urandom(100_000), []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Range"))
+            if self.path != "/f.tgz":
+                return self.send_error(404)
+            start = int(self.headers["Range"][len("bytes="):-1]) if self.server.ranges else 0
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Length", str(len(data) - start))
+            self.end_headers()
+            self.wfile.write(data[start:])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/f.tgz"
+    try:
+        for server.ranges in (True, False):
+            path = tmp_path / f"f-{server.ranges}.tgz"
+            path.with_name(path.name + ".part").write_bytes(data[:30_000])
+            prepare_steps.download(url, path)
+            assert path.read_bytes() == data and not path.with_name(path.name + ".part").exists()
+        assert seen == ["bytes=30000-", "bytes=30000-"]
+        with pytest.raises(pt.PrepareError, match=r"cannot download http://127.0.0.1:\d+/gone.tgz \(HTTP 404"):
+            prepare_steps.download(url.replace("f.tgz", "gone.tgz"), tmp_path / "gone.tgz")
+    finally:
+        server.shutdown()
 
 
 # --- WMT16 from the raw corpora --------------------------------------------------------
@@ -779,16 +822,16 @@ def test_iwslt15_envi_folder(tmp_path):
             assert [x.replace("@@ ", "") for x in lines(work / "bpe" / f"{split}.{lang}")] == \
                 lines(src / f"{name}.{lang}")
     assert len(lines(work / "bpe-learn" / "code")) == 81 and not dest.exists()
-    for name in ("train.en", "tst2013.vi"):
-        assert (work / "archives" / f"{name}.sha256").read_text().split()[0] == sha(src / name)
     assert sorted(lines(work / "fetch" / "sources.sha256")) == sorted(
         f"{sha(src / f)}  {f}" for f in ("train.en", "train.vi", "tst2012.en", "tst2012.vi", "tst2013.en", "tst2013.vi"))
-    # a file changed after its checksum was pinned is refused
+    # a file that differs from the checksum given for it is refused
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("".join(f"{sha(src / f)}  {f}\n" for f in ("train.en", "tst2013.vi")))
     (src / "tst2013.vi").write_text("x0000 khác .\n", encoding="utf-8")
-    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", work, "--dest", dest,
-            "--bpe-size", 80, "--force", "--no-binarize")
+    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--sha256-file", sums, "--work", tmp_path / "w2",
+            "--bpe-size", 80, "--no-binarize")
     assert r.returncode != 0 and "checksum mismatch" in r.stderr and "tst2013.vi" in r.stderr
-    assert markers(work) == []
+    assert markers(tmp_path / "w2") == []
 
 
 @pytest.mark.slow

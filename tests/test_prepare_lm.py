@@ -1,4 +1,5 @@
-"""scripts/prepare-ptb.sh and scripts/prepare-wikitext103.sh (the language-model corpora).
+"""scripts/prepare-ptb.sh and scripts/prepare-wikitext103.sh (the language-model corpora,
+scripts/prepare.py's language_model_corpus).
 
 The tests build small archives in the real layouts: a .tgz with Mikolov's
 ./simple-examples/data/ptb.{train,valid,test}.txt (and other members beside them), a
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import prepare_corpus as corpus
 import prepare_text as pt
 from test_prepare import HAVE_FAIRSEQ, errors, lines, make_tgz, markers, outputs, run, run_killed_in, sha
 
@@ -67,12 +69,12 @@ WT_VALID = wikitext_article("Robert Boulter", 7)
 WT_TEST = wikitext_article("Tower Building", 1)[:5]
 
 
-def make_wikitext_zip(path, drop=None, stored=False):
+def make_wikitext_zip(path, drop=None, stored=False, train=WT_TRAIN):
     """wikitext-103-v1.zip's layout: a wikitext-103/ folder entry and the three .tokens."""
     kind = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(zipfile.ZipInfo("wikitext-103/", date_time=(2016, 9, 26, 0, 0, 0)), b"")
-        for split, text in (("train", WT_TRAIN), ("valid", WT_VALID), ("test", WT_TEST)):
+        for split, text in (("train", train), ("valid", WT_VALID), ("test", WT_TEST)):
             if split != drop:
                 info = zipfile.ZipInfo(f"wikitext-103/wiki.{split}.tokens", date_time=(2016, 9, 26, 0, 0, 0))
                 z.writestr(info, "".join(x + "\n" for x in text).encode("utf-8"), compress_type=kind)
@@ -89,12 +91,12 @@ def wikitext_counts():
             "vocabulary": len(train_types) + 1}
 
 
-# --- prepare_text.py ----------------------------------------------------------------------
+# --- the text functions (prepare_corpus.py) ---------------------------------------------
 
 def test_lm_stats_counts_lines_tokens_and_vocabulary_as_fairseq_reads_text(tmp_path):
     (tmp_path / "train").write_bytes("a  b\ta\n \n\nc\u00a0d\r\nlast b".encode("utf-8"))
     (tmp_path / "valid").write_bytes(b"x y\rz\n")  # a lone \r ends a line for fairseq (universal newlines)
-    stats = pt.lm_stats([("train", tmp_path / "train"), ("valid", tmp_path / "valid")])
+    stats = corpus.lm_stats([("train", tmp_path / "train"), ("valid", tmp_path / "valid")])
     # train: 5 lines ("a b a", "", "", "c d", "last b"), 7 words; types a b c d last
     assert stats == {"train.lines": 5, "train.tokens": 7 + 5, "valid.lines": 2, "valid.tokens": 3 + 2,
                      "vocabulary": 5 + 1}
@@ -107,24 +109,24 @@ def test_extract_members_from_tar_and_zip(tmp_path):
                                   (zipped, "wikitext-103/wiki.test.tokens", WT_TEST)):
         out = tmp_path / archive.stem
         out.mkdir()
-        pt.extract_members(archive, [(member, "valid")], out)
+        corpus.extract_members(archive, [(member, "valid")], out)
         assert lines(out / "valid") == want and os.listdir(out) == ["valid"]
     with pytest.raises(pt.PrepareError, match=r"ptb.tgz holds no simple-examples/data/ptb.train.tx\b"):
-        pt.extract_members(tgz, [("simple-examples/data/ptb.train.tx", "x")], tmp_path)
+        corpus.extract_members(tgz, [("simple-examples/data/ptb.train.tx", "x")], tmp_path)
 
 
 def test_check_kind_zip_reads_every_member(tmp_path):
     good = make_wikitext_zip(tmp_path / "good.zip", stored=True)
-    assert pt.check_kind(good, "zip") is None
+    assert corpus.check_kind(good, "zip") is None
     data = good.read_bytes()
     (tmp_path / "truncated.zip").write_bytes(data[: len(data) // 2])
-    assert "is corrupt or truncated" in pt.check_kind(tmp_path / "truncated.zip", "zip")
+    assert "is corrupt or truncated" in corpus.check_kind(tmp_path / "truncated.zip", "zip")
     flipped = bytearray(data)
     flipped[data.index("Valkyria".encode())] ^= 0x20  # 'V' -> 'v' inside a stored member
     (tmp_path / "flipped.zip").write_bytes(bytes(flipped))
-    assert pt.check_kind(tmp_path / "flipped.zip", "zip") == \
+    assert corpus.check_kind(tmp_path / "flipped.zip", "zip") == \
         "is corrupt or truncated (wikitext-103/wiki.train.tokens fails its CRC check)"
-    assert pt.check_kind(make_ptb_archive(tmp_path / "ptb.tgz"), "zip") == "is a gzip file, not a zip archive"
+    assert corpus.check_kind(make_ptb_archive(tmp_path / "ptb.tgz"), "zip") == "is a gzip file, not a zip archive"
 
 
 def test_check_kind_text_streams_and_names_the_bad_byte(tmp_path):
@@ -134,9 +136,9 @@ def test_check_kind_text_streams_and_names_the_bad_byte(tmp_path):
     for tail, want in ((b"ok\n", None), (b"b\xffc", f"is not UTF-8 text (byte {len(head) + 1})"),
                        (b"\n\x00", "holds NUL bytes, not text")):
         (tmp_path / "f").write_bytes(head + tail)
-        assert pt.check_kind(tmp_path / "f", "text") == want
+        assert corpus.check_kind(tmp_path / "f", "text") == want
     (tmp_path / "f").write_bytes(head[:-1])  # cut inside the last character
-    assert pt.check_kind(tmp_path / "f", "text") == f"is not UTF-8 text (byte {len(head) - 3})"
+    assert corpus.check_kind(tmp_path / "f", "text") == f"is not UTF-8 text (byte {len(head) - 3})"
 
 
 # --- the scripts: options, sizes, bad archives ---------------------------------------------
@@ -172,7 +174,7 @@ def test_ptb_sizes_enforced_with_both_figures(tmp_path):
     # the text is each member as released, and its counts
     for split, want in zip(PTB_MEMBERS, (PTB_TRAIN, PTB_VALID, PTB_TEST)):
         assert lines(work / "text" / split) == want
-    assert pt.read_stats(work / "text" / "stats") == PTB_COUNTS
+    assert corpus.read_stats(work / "text" / "stats") == PTB_COUNTS
 
 
 @pytest.mark.slow
@@ -233,7 +235,7 @@ def wikitext_bad_cases(tmp_path):
 @pytest.mark.parametrize("script,cases", [("prepare-ptb.sh", ptb_bad_cases), ("prepare-wikitext103.sh", wikitext_bad_cases)])
 def test_lm_bad_archives(tmp_path, script, cases):
     """Each stops with one ERROR line naming the file and what is wrong, and leaves no
-    step output: no text, nothing binarized, no checksum pinned."""
+    step output: no text, nothing binarized."""
     for name, (content, says, left) in cases(tmp_path).items():
         folder = tmp_path / name.replace(".", "-")
         folder.mkdir()
@@ -246,7 +248,6 @@ def test_lm_bad_archives(tmp_path, script, cases):
             assert part in err[0], (name, part, err[0])
         assert markers(work) == left, name
         assert not (work / "text").exists() and not (folder / "bin").exists(), name
-        assert (work / "archives" / f"{name}.sha256").exists() == bool(left), name  # pinned only when good
 
 
 # --- the whole run: binarized, loaded with fairseq, re-run, resumed -------------------------
@@ -298,13 +299,13 @@ def test_ptb_binarized_then_rerun_is_a_no_op(tmp_path):
     assert "prepare-ptb.sh" in info["script"] and info["date"].endswith("Z")
     assert sorted(p.name for p in dest.iterdir()) == sorted(
         ["dict.txt", "prepare.json", "preprocess.log"] + [f"{s}.{e}" for s in PTB_MEMBERS for e in ("bin", "idx")])
-    assert markers(work) == ["binarize", "fetch", "text"]
-    before = {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list((work / ".state").iterdir())}
+    assert markers(work, dest) == ["binarize", "fetch", "text"]
+    before = {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list(work.iterdir())}
 
     r = run("prepare-ptb.sh", *args)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("done before, skipping") == 3 and "running" not in r.stderr, r.stderr
-    assert {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list((work / ".state").iterdir())} == before
+    assert {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list(work.iterdir())} == before
 
 
 @pytest.mark.slow
@@ -315,7 +316,7 @@ def test_wikitext103_binarized(tmp_path):
     r = run("prepare-wikitext103.sh", "--archive", archive, "--work", work, "--dest", dest, "--skip-size-check")
     assert r.returncode == 0, r.stderr
     counts = wikitext_counts()
-    assert pt.read_stats(work / "text" / "stats") == counts
+    assert corpus.read_stats(work / "text" / "stats") == counts
     for split, want in zip(PTB_MEMBERS, (WT_TRAIN, WT_VALID, WT_TEST)):
         assert lines(work / "text" / split) == want  # as released: titles, blank lines, @-@
     info = check_binarized(dest, work / "text", counts, "wikitext-103")
@@ -326,8 +327,9 @@ def test_wikitext103_binarized(tmp_path):
 @pytest.mark.slow
 def test_wikitext103_killed_mid_step_then_rerun(tmp_path):
     """SIGKILL inside the text step: nothing marked done past fetch, and the re-run's output
-    is byte-identical to that of a run never interrupted."""
-    archive = make_wikitext_zip(tmp_path / "wt103-small.zip")
+    is byte-identical to that of a run never interrupted. The training text is 5,000 times
+    the small one (about 9 MB), so that the step runs long enough for the kill to land in it."""
+    archive = make_wikitext_zip(tmp_path / "wt103-small.zip", train=WT_TRAIN * 5000)
     args = ("--archive", archive, "--no-binarize", "--skip-size-check")
     whole, work = tmp_path / "whole", tmp_path / "work"
     assert run("prepare-wikitext103.sh", *args, "--work", whole).returncode == 0
