@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from normplug.norms import NormConfigError, create_norm  # noqa: E402
 from normplug.norms import per_token  # noqa: E402
+from normplug.norms import triton_token  # noqa: E402
 
 # (name, options) of every fused configuration
 CONFIGS = [
@@ -77,6 +78,34 @@ def test_triton_matches_torch_float32(name, opts, shape):
     torch_norm, triton_norm = make_pair(name, opts, shape[-1])
     x, gy = inputs(shape)
     assert_same(run(triton_norm, x, gy), run(torch_norm, x, gy), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,opts", CONFIGS, ids=IDS)
+def test_many_programs(name, opts, monkeypatch):
+    """Tiles of 2 tokens: 8 programs for 15 tokens, the last one half empty, each adding its
+    share of a parameter's gradient (at the recipes' sizes a call runs hundreds)."""
+    monkeypatch.setattr(triton_token, "_TILE", 128)
+    assert triton_token._launch(15, 40)[:2] == ((8,), 2)
+    torch_norm, triton_norm = make_pair(name, opts, 40)
+    x, gy = inputs((5, 3, 40), seed=4)
+    assert_same(run(triton_norm, x, gy), run(torch_norm, x, gy), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,opts", CONFIGS, ids=IDS)
+def test_degenerate_tokens(name, opts):
+    """Tokens that are zero, constant, or of norm below ε (ScaleNorm's clamp, the std's 0/0):
+    the same finite numbers as the torch path. The constants are sums exact in float32, so
+    that x − μ is exactly 0 in either path (else it is the rounding error of the mean, which
+    differs between summation orders)."""
+    x, gy = inputs((4, 2, 24), seed=5)
+    x[0, 0] = 0.0
+    x[1, 1] = 0.5
+    x[2, 0] *= 1e-7
+    x[3, 1] = -2.0
+    torch_norm, triton_norm = make_pair(name, opts, 24)
+    got = run(triton_norm, x, gy)
+    assert all(torch.isfinite(t).all() for t in got)
+    assert_same(got, run(torch_norm, x, gy), rtol=1e-5)
 
 
 DETACH_MODES = [("layer_simple", {}), ("detach", {"detach": "mean"}), ("detach", {"detach": "std"}),
