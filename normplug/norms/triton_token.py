@@ -95,9 +95,10 @@ def _backward_kernel(GY, X, P, STATS, DX, DP, n_rows, n_cols, eps, k, scale,
             gy_c = gy
         dx = gy_c / sigma[:, None]
         if STD_GRAD:
-            # ∂s/∂x = (x − μ) / ((C − 1)·s), taken as 0 at s = 0 as torch's std backward does
+            # ∂s/∂x = (x − μ) / ((C − 1)·s); s = 0 only where x − μ is 0 (to underflow), and
+            # the term is then 0, as in torch's std backward
             dot = tl.sum(gy * d, 1)
-            coef = tl.where(std > 0, dot / (sigma * sigma * (n_cols - 1) * tl.where(std > 0, std, 1.0)), 0.0)
+            coef = dot / (sigma * sigma * (n_cols - 1) * tl.where(std > 0, std, 1.0))
             dx = dx - d * coef[:, None]
     elif KIND == RMS:
         r = tl.load(STATS + rows, mask=row_ok, other=0.0)
