@@ -22,12 +22,14 @@ import triton.language as tl
 
 from .registry import NormConfigError
 
-# Which norm a kernel computes (a constexpr: each is compiled separately).
-SIMPLE = 0  # y = (x − μ) / (s + ε), s the unbiased std (LayerNorm-simple, DetachNorm)
-ADANORM = 1  # z = C·(1 − k·sg(y)) ⊙ y with y as SIMPLE
-RMS = 2  # y = w ⊙ x / sqrt(mean(x²) + ε)
-SCALE = 3  # y = g · x / max(‖x‖₂, ε)
-KINDS = {"layer_simple": SIMPLE, "detach": SIMPLE, "adanorm": ADANORM, "rms": RMS, "scale": SCALE}
+# Which norm a kernel computes (the constexpr KIND: each is compiled separately); a kernel
+# reads only globals that are tl.constexpr, the host their int values.
+SIMPLE = tl.constexpr(0)  # y = (x − μ) / (s + ε), s the unbiased std (LayerNorm-simple, DetachNorm)
+ADANORM = tl.constexpr(1)  # z = C·(1 − k·sg(y)) ⊙ y with y as SIMPLE
+RMS = tl.constexpr(2)  # y = w ⊙ x / sqrt(mean(x²) + ε)
+SCALE = tl.constexpr(3)  # y = g · x / max(‖x‖₂, ε)
+KINDS = {"layer_simple": SIMPLE.value, "detach": SIMPLE.value, "adanorm": ADANORM.value,
+         "rms": RMS.value, "scale": SCALE.value}
 
 # Elements of one program's tile: rows of a narrow norm share a program.
 _TILE = 4096
@@ -143,7 +145,7 @@ def _forward(x: torch.Tensor, param: Optional[torch.Tensor], kind: int, eps: flo
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols if n_cols else 0
     y = torch.empty_like(x)
-    stats = torch.empty(2 if kind <= ADANORM else 1, n_rows, dtype=_stats_dtype(x), device=x.device)
+    stats = torch.empty(2 if kind <= ADANORM.value else 1, n_rows, dtype=_stats_dtype(x), device=x.device)
     if n_rows:
         grid, block_r, block_c, warps = _launch(n_rows, n_cols)
         _forward_kernel[grid](x, y, x if param is None else param, stats, n_rows, n_cols, eps, k, scale,
@@ -155,7 +157,7 @@ def _forward(x: torch.Tensor, param: Optional[torch.Tensor], kind: int, eps: flo
 def _forward_fake(x, param, kind, eps, k, scale, mean_grad, std_grad):
     n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            x.new_empty(2 if kind <= ADANORM else 1, n_rows, dtype=_stats_dtype(x)))
+            x.new_empty(2 if kind <= ADANORM.value else 1, n_rows, dtype=_stats_dtype(x)))
 
 
 @torch.library.custom_op("normplug::per_token_backward", mutates_args=())
@@ -174,7 +176,7 @@ def _backward(gy: torch.Tensor, x: torch.Tensor, param: Optional[torch.Tensor], 
     if param is None:
         partial = stats  # not written: SIMPLE and ADANORM have no parameter
     else:
-        partial = stats.new_empty((grid[0], n_cols) if kind == RMS else (grid[0],))
+        partial = stats.new_empty((grid[0], n_cols) if kind == RMS.value else (grid[0],))
     _backward_kernel[grid](gy, x, x if param is None else param, stats, dx, partial, n_rows, n_cols,
                            eps, k, scale, KIND=kind, MEAN_GRAD=mean_grad, STD_GRAD=std_grad,
                            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
