@@ -6,8 +6,9 @@ One forward and one backward kernel, each over tiles of whole tokens (rows of C 
 specialised by constexpr flags into each norm; per_token.py states the same equations in
 plain torch, and that path is the reference the tests hold these kernels to. A call is one
 launch forward and one backward (plus a column sum for RMSNorm's and ScaleNorm's parameter).
-Statistics are float32 for fp16/bf16/fp32 input (float64 for float64), outputs in the
-input's dtype. The forward saves each token's statistics; the backward reads them back.
+Statistics are float32 for fp16/bf16/fp32 input (float64 for float64, though ε, k and C
+reach a compiled kernel as float32 numbers), outputs in the input's dtype. The forward
+saves each token's statistics; the backward reads them back.
 
 This module imports triton at its top: per_token.py imports it on the first fused call only,
 so that ``import normplug`` works without triton. The kernels are wrapped as
@@ -33,7 +34,7 @@ KINDS = {"layer_simple": SIMPLE.value, "detach": SIMPLE.value, "adanorm": ADANOR
 
 # Elements of one program's tile: rows of a narrow norm share a program.
 _TILE = 4096
-# One token is one block; wider blocks spill registers (Triton's layer-norm tutorial caps at 64 KB).
+# One token is one block of registers: wider tokens would spill; impl="torch" serves them.
 _MAX_CHANNELS = 2**16
 
 
