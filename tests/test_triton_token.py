@@ -144,6 +144,19 @@ def test_half_precision(name, opts, dtype):
         torch.testing.assert_close(a.float(), b, rtol=tol, atol=tol * b.abs().max().item())
 
 
+@pytest.mark.parametrize("name", ["rms", "scale"])
+def test_half_input_float32_parameters(name):
+    """fp16 input to a float32 module (autocast's case): fp16 output and input gradient,
+    float32 parameter gradient, as the torch path gives them."""
+    x, gy = inputs((5, 3, 40), seed=6, dtype=torch.float16)
+    torch_norm, triton_norm = make_pair(name, {}, 40)
+    got, want = run(triton_norm, x, gy), run(torch_norm, x, gy)
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.float16, torch.float16, torch.float32]
+    tol = 2 * torch.finfo(torch.float16).eps
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * b.float().abs().max().item())
+
+
 @pytest.mark.parametrize("name,opts", CONFIGS, ids=IDS)
 def test_padding_as_the_torch_path(name, opts):
     """pad_mask is ignored by a per-token norm, fused or not: padding tokens (here garbage:
