@@ -104,6 +104,7 @@ def _backward_kernel(GY, X, P, STATS, DX, DP, n_rows, n_cols, eps, k, scale,
             coef = dot / (sigma * sigma * (n_cols - 1) * tl.where(std > 0, std, 1.0))
             dx = dx - d * coef[:, None]
     elif KIND == RMS:
+        # ∂L/∂x = r·(∂L/∂y ⊙ w) − x·r³·mean(∂L/∂y ⊙ w ⊙ x), r = 1/sqrt(mean(x²) + ε)
         r = tl.load(STATS + rows, mask=row_ok, other=0.0)
         w = tl.load(P + cols, mask=col_ok, other=0.0).to(acc)
         gw = gy * w[None, :]
@@ -115,7 +116,8 @@ def _backward_kernel(GY, X, P, STATS, DX, DP, n_rows, n_cols, eps, k, scale,
         clamped = tl.maximum(norm, eps)
         g = tl.load(P).to(acc)
         dot = tl.sum(gy * x, 1)
-        # ‖x‖ < ε: the clamp holds the denominator at ε and passes no gradient to it
+        # ∂L/∂x = g·∂L/∂y/max(‖x‖, ε) − g·(∂L/∂y · x)·x/‖x‖³, the second term only where
+        # ‖x‖ ≥ ε: below, the clamp holds the denominator at ε and passes no gradient to it
         coef = tl.where(norm >= eps, g * dot / (clamped * clamped * clamped), 0.0)
         dx = (g / clamped)[:, None] * gy - coef[:, None] * x
         tl.store(DP + pid, tl.sum(dot / clamped, 0))
