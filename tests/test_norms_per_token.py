@@ -182,9 +182,10 @@ def test_layer_is_torch_layernorm():
 
 
 def test_parameters_and_defaults():
-    assert norm_options("layer_simple") == {"eps": 1e-5}
-    assert norm_options("detach") == {"detach": "both", "eps": 1e-5}
-    assert norm_options("adanorm") == {"k": 0.1, "scale": 1.0, "eps": 1e-5}
+    assert norm_options("layer_simple") == {"eps": 1e-5, "impl": "auto"}
+    assert norm_options("detach") == {"detach": "both", "eps": 1e-5, "impl": "auto"}
+    assert norm_options("adanorm") == {"k": 0.1, "scale": 1.0, "eps": 1e-5, "impl": "auto"}
+    assert norm_options("rms")["impl"] == norm_options("scale")["impl"] == "auto"
     assert norm_options("rms")["eps"] == 1e-8
     assert norm_options("scale")["eps"] == 1e-5
     for name in ("layer_simple", "detach", "adanorm"):

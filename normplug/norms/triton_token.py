@@ -1,0 +1,222 @@
+"""Fused Triton kernels for the per-token norms: LayerNorm-simple, DetachNorm and AdaNorm
+(Xu et al., "Understanding and Improving Layer Normalization", NeurIPS 2019), RMSNorm
+(Zhang & Sennrich, NeurIPS 2019) and ScaleNorm (Nguyen & Salazar, IWSLT 2019).
+
+One forward and one backward kernel, each over tiles of whole tokens (rows of C channels),
+specialised by constexpr flags into each norm; per_token.py states the same equations in
+plain torch, and that path is the reference the tests hold these kernels to. A call is one
+launch forward and one backward (plus a column sum for RMSNorm's and ScaleNorm's parameter).
+Statistics are float32 for fp16/bf16/fp32 input (float64 for float64, though ε, k and C
+reach a compiled kernel as float32 numbers), outputs in the input's dtype. The forward
+saves each token's statistics; the backward reads them back.
+
+This module imports triton at its top: per_token.py imports it on the first fused call only,
+so that ``import normplug`` works without triton. The kernels are wrapped as
+torch.library custom ops with fake and autograd implementations, so torch.compile
+(fullgraph=True) traces a fused norm as one opaque op, forward and backward.
+"""
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .registry import NormConfigError
+
+# Which norm a kernel computes (the constexpr KIND: each is compiled separately); a kernel
+# reads only globals that are tl.constexpr, the host their int values.
+SIMPLE = tl.constexpr(0)  # y = (x − μ) / (s + ε), s the unbiased std (LayerNorm-simple, DetachNorm)
+ADANORM = tl.constexpr(1)  # z = C·(1 − k·sg(y)) ⊙ y with y as SIMPLE
+RMS = tl.constexpr(2)  # y = w ⊙ x / sqrt(mean(x²) + ε)
+SCALE = tl.constexpr(3)  # y = g · x / max(‖x‖₂, ε)
+KINDS = {"layer_simple": SIMPLE.value, "detach": SIMPLE.value, "adanorm": ADANORM.value,
+         "rms": RMS.value, "scale": SCALE.value}
+
+# Elements of one program's tile: rows of a narrow norm share a program.
+_TILE = 4096
+# One token is one block of registers: wider tokens would spill; impl="torch" serves them.
+_MAX_CHANNELS = 2**16
+
+
+@triton.jit
+def _forward_kernel(X, Y, P, STATS, n_rows, n_cols, eps, k, scale,
+                    KIND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    acc = STATS.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(acc)
+    if KIND <= ADANORM:
+        mean = tl.sum(x, 1) / n_cols
+        d = tl.where(mask, x - mean[:, None], 0.0)
+        std = tl.sqrt(tl.sum(d * d, 1) / (n_cols - 1))
+        y = d / (std + eps)[:, None]
+        if KIND == ADANORM:
+            y = scale * (1 - k * y) * y
+        tl.store(STATS + rows, mean, mask=row_ok)
+        tl.store(STATS + n_rows + rows, std, mask=row_ok)
+    elif KIND == RMS:
+        r = 1 / tl.sqrt(tl.sum(x * x, 1) / n_cols + eps)
+        w = tl.load(P + cols, mask=cols < n_cols, other=0.0).to(acc)
+        y = x * r[:, None] * w[None, :]
+        tl.store(STATS + rows, r, mask=row_ok)
+    else:
+        norm = tl.sqrt(tl.sum(x * x, 1))
+        g = tl.load(P).to(acc)
+        y = x * (g / tl.maximum(norm, eps))[:, None]
+        tl.store(STATS + rows, norm, mask=row_ok)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _backward_kernel(GY, X, P, STATS, DX, DP, n_rows, n_cols, eps, k, scale,
+                     KIND: tl.constexpr, MEAN_GRAD: tl.constexpr, STD_GRAD: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    acc = STATS.dtype.element_ty
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(acc)
+    gy = tl.load(GY + offs, mask=mask, other=0.0).to(acc)
+    if KIND <= ADANORM:
+        mean = tl.load(STATS + rows, mask=row_ok, other=0.0)
+        std = tl.load(STATS + n_rows + rows, mask=row_ok, other=0.0)
+        sigma = std + eps
+        d = tl.where(mask, x - mean[:, None], 0.0)
+        if KIND == ADANORM:
+            # the factor C·(1 − k·sg(y)) is a constant of the backward
+            gy = gy * (scale * (1 - k * (d / sigma[:, None])))
+        if MEAN_GRAD:  # through μ: every channel loses the token's mean gradient
+            gy_c = tl.where(mask, gy - (tl.sum(gy, 1) / n_cols)[:, None], 0.0)
+        else:
+            gy_c = gy
+        dx = gy_c / sigma[:, None]
+        if STD_GRAD:
+            # ∂s/∂x = (x − μ) / ((C − 1)·s); s = 0 only where x − μ is 0 (to underflow), and
+            # the term is then 0, as in torch's std backward
+            dot = tl.sum(gy * d, 1)
+            coef = dot / (sigma * sigma * (n_cols - 1) * tl.where(std > 0, std, 1.0))
+            dx = dx - d * coef[:, None]
+    elif KIND == RMS:
+        # ∂L/∂x = r·(∂L/∂y ⊙ w) − x·r³·mean(∂L/∂y ⊙ w ⊙ x), r = 1/sqrt(mean(x²) + ε)
+        r = tl.load(STATS + rows, mask=row_ok, other=0.0)
+        w = tl.load(P + cols, mask=col_ok, other=0.0).to(acc)
+        gw = gy * w[None, :]
+        dx = r[:, None] * gw - x * (r * r * r * tl.sum(gw * x, 1) / n_cols)[:, None]
+        # this tile's share of ∂L/∂w; the host sums the tiles
+        tl.store(DP + pid * n_cols + cols, tl.sum(gy * x * r[:, None], 0), mask=col_ok)
+    else:
+        norm = tl.load(STATS + rows, mask=row_ok, other=0.0)
+        clamped = tl.maximum(norm, eps)
+        g = tl.load(P).to(acc)
+        dot = tl.sum(gy * x, 1)
+        # ∂L/∂x = g·∂L/∂y/max(‖x‖, ε) − g·(∂L/∂y · x)·x/‖x‖³, the second term only where
+        # ‖x‖ ≥ ε: below, the clamp holds the denominator at ε and passes no gradient to it
+        coef = tl.where(norm >= eps, g * dot / (clamped * clamped * clamped), 0.0)
+        dx = (g / clamped)[:, None] * gy - coef[:, None] * x
+        tl.store(DP + pid, tl.sum(dot / clamped, 0))
+    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def _stats_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _launch(n_rows: int, n_cols: int):
+    """(grid, rows per program, channel block, warps) for ``n_rows`` tokens of ``n_cols``."""
+    if n_cols > _MAX_CHANNELS:
+        raise NormConfigError(f"impl='triton' normalises a token in one block of at most "
+                              f"{_MAX_CHANNELS} channels, got {n_cols}; use impl='torch'")
+    block_c = triton.next_power_of_2(n_cols)
+    block_r = max(1, min(triton.next_power_of_2(n_rows), _TILE // block_c))
+    warps = min(max(block_r * block_c // 512, 1), 8)
+    return (triton.cdiv(n_rows, block_r),), block_r, block_c, warps
+
+
+@torch.library.custom_op("normplug::per_token_forward", mutates_args=())
+def _forward(x: torch.Tensor, param: Optional[torch.Tensor], kind: int, eps: float, k: float,
+             scale: float, mean_grad: bool, std_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(output, per-token statistics) of norm ``kind``; ``mean_grad``/``std_grad`` are read
+    by the backward only."""
+    x = x.contiguous()
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else 0
+    y = torch.empty_like(x)
+    stats = torch.empty(2 if kind <= ADANORM.value else 1, n_rows, dtype=_stats_dtype(x), device=x.device)
+    if n_rows:
+        grid, block_r, block_c, warps = _launch(n_rows, n_cols)
+        _forward_kernel[grid](x, y, x if param is None else param, stats, n_rows, n_cols, eps, k, scale,
+                              KIND=kind, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    return y, stats
+
+
+@_forward.register_fake
+def _forward_fake(x, param, kind, eps, k, scale, mean_grad, std_grad):
+    n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(2 if kind <= ADANORM.value else 1, n_rows, dtype=_stats_dtype(x)))
+
+
+@torch.library.custom_op("normplug::per_token_backward", mutates_args=())
+def _backward(gy: torch.Tensor, x: torch.Tensor, param: Optional[torch.Tensor], stats: torch.Tensor,
+              kind: int, eps: float, k: float, scale: float, mean_grad: bool,
+              std_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(∂L/∂x, ∂L/∂param) of norm ``kind``; the second is empty for a norm without one."""
+    x, gy = x.contiguous(), gy.contiguous()
+    n_cols = x.shape[-1]
+    n_rows = stats.shape[1]
+    dx = torch.empty_like(x)
+    if n_rows == 0:
+        dx.zero_()
+        return dx, (x.new_empty(0) if param is None else torch.zeros_like(param))
+    grid, block_r, block_c, warps = _launch(n_rows, n_cols)
+    if param is None:
+        partial = stats  # not written: SIMPLE and ADANORM have no parameter
+    else:
+        partial = stats.new_empty((grid[0], n_cols) if kind == RMS.value else (grid[0],))
+    _backward_kernel[grid](gy, x, x if param is None else param, stats, dx, partial, n_rows, n_cols,
+                           eps, k, scale, KIND=kind, MEAN_GRAD=mean_grad, STD_GRAD=std_grad,
+                           BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    if param is None:
+        return dx, x.new_empty(0)
+    return dx, partial.sum(0).reshape(param.shape).to(param.dtype)
+
+
+@_backward.register_fake
+def _backward_fake(gy, x, param, stats, kind, eps, k, scale, mean_grad, std_grad):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(0) if param is None else torch.empty_like(param))
+
+
+def _setup_context(ctx, inputs, output):
+    x, param, *options = inputs
+    ctx.save_for_backward(x, param, output[1])
+    ctx.options = options
+    ctx.mark_non_differentiable(output[1])
+
+
+def _autograd_backward(ctx, gy, _grad_stats):
+    x, param, stats = ctx.saved_tensors
+    dx, dparam = _backward(gy, x, param, stats, *ctx.options)
+    return dx, (None if param is None else dparam), None, None, None, None, None, None
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def per_token_norm(x: torch.Tensor, norm: str, eps: float, *, param: Optional[torch.Tensor] = None,
+                   k: float = 0.0, scale: float = 1.0, mean_grad: bool = True,
+                   std_grad: bool = True) -> torch.Tensor:
+    """Norm ``norm`` (a key of KINDS) of each token of ``x`` over its last dim, fused.
+
+    ``param``: RMSNorm's weight or ScaleNorm's 0-dim g; ``k``, ``scale``: AdaNorm's k and C;
+    ``mean_grad``/``std_grad`` False: DetachNorm's stop-gradient on μ / on s.
+    """
+    y, _ = _forward(x, param, KINDS[norm], eps, k, scale, mean_grad, std_grad)
+    return y
