@@ -24,7 +24,7 @@ from normplug.tools.common import numbered_checkpoints
 from normplug.tools.tid import TIDMeter, batch_tid
 
 ARCH = "transformer_iwslt_de_en_bn"
-LAYERS = ["enc0.attn", "enc0.ffn"]
+LAYERS = ["enc0.self_attn", "enc0.ffn"]
 
 _RUNS = {}
 
@@ -215,7 +215,7 @@ def test_numbers_equal_an_independent_computation(bn_run, tiny_data, tmp_path, m
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(ckpt)], arg_overrides={"data": str(tiny_data)})
     model = models[0].eval()
-    modules = {"enc0.attn": model.encoder.layers[0].self_attn_layer_norm,
+    modules = {"enc0.self_attn": model.encoder.layers[0].self_attn_layer_norm,
                "enc0.ffn": model.encoder.layers[0].final_layer_norm}
     sums = {k: [0.0, 0.0, 0] for k in modules}
 
@@ -254,7 +254,7 @@ def _no_bn_checkpoint(src, dst):
     state = torch.load(src)
     args = state["cfg"]["model"]
     assert isinstance(args, argparse.Namespace)
-    args.encoder_attn_norm = args.encoder_ffn_norm = "layer"
+    args.encoder_self_attn_norm = args.encoder_ffn_norm = "layer"
     state["model"] = {k: v for k, v in state["model"].items()
                       if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
     torch.save(state, dst)
