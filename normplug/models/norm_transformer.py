@@ -201,9 +201,9 @@ class NormTransformerDecoder(TransformerDecoder):
             if isinstance(module, BatchStatNorm) and module.uses_batch_stats_in_eval:
                 raise NormplugError(
                     f"decoder norm {site_name('decoder.' + name)} ({module.norm_name}) normalises with "
-                    "test-batch statistics, which incremental decoding (one token at a time) cannot provide and which pool "
-                    "future tokens in a language model; use --bn-test-stats population, or keep "
-                    "batch norms out of a translation decoder")
+                    "test-batch statistics, which incremental decoding (one token at a time) cannot "
+                    "provide and which pool future tokens in a language model; use --bn-test-stats "
+                    "population, or keep batch norms out of a translation decoder")
 
     def upgrade_state_dict_named(self, state_dict, name):
         _rename_final_norm(state_dict, name)
