@@ -40,6 +40,12 @@ def batch_stat_norms(model):
     return {} if get is None else get()
 
 
+def has_adaptive_softmax(model) -> bool:
+    """Whether the model's output is an adaptive softmax (adaptive_loss_rbn's) or a full one
+    (cross_entropy_rbn's, label_smoothed_cross_entropy_rbn's)."""
+    return getattr(getattr(model, "decoder", None), "adaptive_softmax", None) is not None
+
+
 def check_weights(mean_weight, var_weight, model=None):
     """Raise NormplugError for a weight that is not a finite number >= 0, or for non-zero
     weights on a model without BN (it would silently train without the penalty)."""

@@ -7,7 +7,7 @@ from fairseq.criterions import register_criterion
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion, CrossEntropyCriterionConfig
 
 from ..errors import NormplugError
-from ..rbn import RBNPenalty, RBNWeights
+from ..rbn import RBNPenalty, RBNWeights, has_adaptive_softmax
 
 
 @dataclass
@@ -27,7 +27,7 @@ class CrossEntropyRBNCriterion(RBNPenalty, CrossEntropyCriterion):
     def check_model(cls, cfg, model):
         # fairseq's cross_entropy would take an adaptive softmax's head output for the full
         # softmax and fail in autograd
-        if getattr(getattr(model, "decoder", None), "adaptive_softmax", None) is not None:
+        if has_adaptive_softmax(model):
             raise NormplugError(
                 "--criterion cross_entropy_rbn needs a full softmax, but the model has an adaptive "
                 "softmax (--adaptive-softmax-cutoff); use --criterion adaptive_loss_rbn")
