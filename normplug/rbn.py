@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .norms import NormConfigError
+from .errors import NormplugError
 
 TERMS = ("rbn_mean", "rbn_var", "tid_mean", "tid_var")
 
@@ -40,18 +40,24 @@ def batch_stat_norms(model):
     return {} if get is None else get()
 
 
+def has_adaptive_softmax(model) -> bool:
+    """Whether the model's output is an adaptive softmax (adaptive_loss_rbn's) or a full one
+    (cross_entropy_rbn's, label_smoothed_cross_entropy_rbn's)."""
+    return getattr(getattr(model, "decoder", None), "adaptive_softmax", None) is not None
+
+
 def check_weights(mean_weight, var_weight, model=None):
-    """Raise NormConfigError for a weight that is not a finite number >= 0, or for non-zero
+    """Raise NormplugError for a weight that is not a finite number >= 0, or for non-zero
     weights on a model without BN (it would silently train without the penalty)."""
     for flag, value in (("--rbn-mean-weight", mean_weight), ("--rbn-var-weight", var_weight)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise NormConfigError(f"{flag} must be a finite number >= 0, got {value}")
+            raise NormplugError(f"{flag} must be a finite number >= 0, got {value}")
     if model is None or not (mean_weight or var_weight):
         return
     norms = batch_stat_norms(model)
     if not any(m.supports_rbn for m in norms.values()):
         found = ", ".join(f"{k} ({m.norm_name})" for k, m in norms.items()) or "none"
-        raise NormConfigError(
+        raise NormplugError(
             f"--rbn-mean-weight {mean_weight:g} / --rbn-var-weight {var_weight:g} need batch-norm "
             f"layers, but the model has no 'batch' norm (batch-statistics norms: {found}); use a "
             "*_bn / *_rbn architecture or a 'batch' site (e.g. --decoder-ffn-norm batch), or set "
@@ -63,25 +69,19 @@ class RBNPenalty:
     logs task loss, penalty and TID apart, with the same keys on every step and worker."""
 
     def init_rbn(self, rbn_mean_weight, rbn_var_weight):
-        try:
-            check_weights(rbn_mean_weight, rbn_var_weight)
-        except NormConfigError as err:
-            raise SystemExit(f"normplug: error: {err}")
+        check_weights(rbn_mean_weight, rbn_var_weight)
         self.rbn_mean_weight, self.rbn_var_weight = float(rbn_mean_weight), float(rbn_var_weight)
         self._model_checked = False
 
     @classmethod
     def check_model(cls, cfg, model):
-        """Raise NormConfigError for a model this criterion cannot train with the options in
+        """Raise NormplugError for a model this criterion cannot train with the options in
         ``cfg`` (the criterion itself, or the Namespace normplug's models are built from)."""
         check_weights(getattr(cfg, "rbn_mean_weight", 0), getattr(cfg, "rbn_var_weight", 0), model)
 
     def forward(self, model, sample, reduce=True):
         if not self._model_checked:  # normplug's models are also checked when built
-            try:
-                self.check_model(self, model)
-            except NormConfigError as err:
-                raise SystemExit(f"normplug: error: {err}")
+            self.check_model(self, model)  # before any autograd: a clear error, not a traceback
             self._model_checked = True
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
         norms = batch_stat_norms(model)

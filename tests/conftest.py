@@ -37,6 +37,28 @@ TINY_MODEL = [
 ]
 
 
+def parse_train_args(data, arch, *extra):
+    """fairseq-train's parsing of ``data --arch arch --cpu *extra`` with the plugin loaded, the
+    architecture function applied: the Namespace fairseq builds its task and model from."""
+    from fairseq import options, utils
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--user-dir", USER_DIR, "--arch", arch, "--cpu", *map(str, extra)])
+    utils.import_user_module(args)
+    return args
+
+
+def build_model(data, arch, *extra):
+    """(task, model, args) as fairseq-train builds them, the weights drawn from seed 0: the one
+    way the tests build a fairseq model in process (each module adds its tiny sizes)."""
+    from fairseq import tasks
+
+    args = parse_train_args(data, arch, *extra)
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    return task, task.build_model(args), args
+
+
 def write_tiny_corpus(folder: Path, seed: int = 0, sizes=(("train", 240), ("valid", 24), ("test", 24))):
     """A toy translation task: target = source reversed with a marked lexicon.
 

@@ -7,12 +7,16 @@ model with batch statistics in the decoder and --compile-norms.
 
 The refusals (bad flags, a decoder that cannot decode incrementally) run the console
 scripts' own ``cli_main`` in this process: each stops before training or decoding, so
-a subprocess would be mostly interpreter and fairseq start-up (~3 s of CPU each).
+a subprocess would be mostly interpreter and fairseq start-up (~3 s of CPU each). fairseq's
+argparse refuses a flag with its usage and exit status 2; normplug's library raises
+NormplugError, which the console script ends with: its traceback, whose last line is
+``normplug.errors.NormplugError: <message>``.
 """
 import importlib
 import re
 import shutil
 import sys
+import traceback
 import warnings
 
 import pytest
@@ -21,21 +25,24 @@ import torch
 from conftest import USER_DIR, run_cli, train_args
 
 from normplug.checkpoints import SAFE_GLOBALS
+from normplug.errors import NormplugError
+
+ERROR_LINE = "normplug.errors.NormplugError: "
 
 PRE_NORM = [
     "--encoder-normalize-before", "--decoder-normalize-before",
-    "--encoder-attn-norm", "batch", "--encoder-ffn-norm", "detach", "--encoder-final-norm", "power",
+    "--encoder-self-attn-norm", "batch", "--encoder-ffn-norm", "detach", "--encoder-final-norm", "power",
     "--decoder-self-attn-norm", "layer_simple", "--decoder-cross-attn-norm", "rms",
     "--decoder-ffn-norm", "scale", "--decoder-final-norm", "adanorm",
     "--power-warmup", "2", "--power-final-warmup", "1", "--detach-mode", "mean", "--adanorm-scale", "2",
     "--criterion", "label_smoothed_cross_entropy_rbn", "--rbn-mean-weight", "0.1", "--rbn-var-weight", "0.01",
 ]
 POST_NORM = [
-    "--encoder-attn-norm", "identity", "--encoder-ffn-norm", "layer",
+    "--encoder-self-attn-norm", "identity", "--encoder-ffn-norm", "layer",
     "--decoder-self-attn-norm", "batch", "--decoder-cross-attn-norm", "power", "--decoder-ffn-norm", "batch",
     "--bn-momentum", "0.1", "--compile-norms",
 ]
-PER_LAYER_TID = ("tid_mean/enc0.attn", "tid_var/enc0.attn", "tid_var/enc.final")
+PER_LAYER_TID = ("tid_mean/enc0.self_attn", "tid_var/enc0.self_attn", "tid_var/enc.final")
 
 
 def _generate_args(data, checkpoint, *extra):
@@ -50,19 +57,34 @@ def _generate(data, checkpoint, *extra):
 def _refused_in_process(tool, args, monkeypatch, capsys):
     """Run fairseq's ``tool`` (its ``cli_main``, as the console script does) in this process on
     arguments it must refuse. Returns (exit status, stdout, stderr) as the interpreter would
-    leave them: a SystemExit message is printed to stderr with status 1; any other exception
-    (a traceback) fails the test."""
+    leave them: a SystemExit message is printed to stderr with status 1, a NormplugError's
+    traceback with status 1; any other exception fails the test."""
     cli = importlib.import_module("fairseq_cli." + tool.split("-", 1)[1])
     monkeypatch.setattr(sys, "argv", [tool, *map(str, args)])
     capsys.readouterr()
-    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
+    code, tail = None, ""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # as PYTHONWARNINGS=ignore in run_cli's processes
-        cli.cli_main()
+        try:
+            cli.cli_main()
+        except SystemExit as stop:
+            code = stop.code
+            if isinstance(code, str):
+                code, tail = 1, code + "\n"
+        except NormplugError as error:
+            code, tail = 1, "".join(traceback.format_exception(error))
+    assert code is not None, f"{tool} did not refuse {args}"
     out, err = capsys.readouterr()
-    code = stop.value.code
-    if isinstance(code, str):
-        return 1, out, err + code + "\n"
-    return code, out, err
+    return code, out, err + tail
+
+
+def _normplug_error(err):
+    """The message of a NormplugError that ended a console script: the last line of stderr,
+    after one traceback of that error alone (no other exception raised while handling it)."""
+    assert err.count("Traceback (most recent call last)") == 1 and "During handling" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(ERROR_LINE), last
+    return last[len(ERROR_LINE):]
 
 
 @pytest.fixture(scope="module")
@@ -118,20 +140,23 @@ def test_compiled_post_norm_with_decoder_batch_statistics(tiny_data, tmp_path, m
     code, out, err = _refused_in_process(
         "fairseq-generate", _generate_args(tiny_data, checkpoint, "--model-overrides", "{'bn_test_stats': 'batch'}"),
         monkeypatch, capsys)
-    assert code != 0 and "incremental decoding" in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert code == 1 and "incremental decoding" in _normplug_error(err)
     assert not re.search(r"^H-\d+\t", out, flags=re.M)
 
 
 def test_bad_flags_stop_with_one_line_before_anything_is_written(tiny_data, tmp_path, monkeypatch, capsys):
+    # (flags, what the last line names, exit status): 2 is fairseq's argparse (usage and
+    # message, no traceback), 1 a NormplugError raised while the model is built
     cases = [
         (["--arch", "transformer_iwslt_de_en_pn", "--rbn-mean-weight", "60", "--disable-validation"],
-         ("--rbn-mean-weight", "no 'batch' norm", "power"), None),
+         ("--rbn-mean-weight", "no 'batch' norm", "power"), 1),
         (["--arch", "transformer_iwslt_de_en_pn", "--power-groups", "3"],
-         ("groups=3 does not divide dim=16", "--encoder-attn-norm power"), 1),
+         ("groups=3 does not divide dim=16", "--encoder-self-attn-norm power"), 1),
         (["--encoder-norm", "batch", "--bn-momentum", "1.5"], ("--bn-momentum", "(0, 1]", "1.5"), 2),
         (["--power-alpha-fwd", "2"], ("--power-alpha-fwd", "[0, 1]"), 2),
         (["--encoder-norm", "powernorm"], ("powernorm", "batch", "layer"), 2),
-        (["--rbn-var-weight", "-1"], ("--rbn-var-weight", "-1"), None),
+        (["--rbn-var-weight", "-1"], ("--rbn-var-weight", "-1"), 1),
+        (["--encoder-attn-norm", "batch"], ("unrecognized arguments: --encoder-attn-norm",), 2),
     ]
     for i, (flags, needles, code) in enumerate(cases):
         folder = tmp_path / f"s{i}"
@@ -139,8 +164,12 @@ def test_bad_flags_stop_with_one_line_before_anything_is_written(tiny_data, tmp_
         args = train_args(tiny_data, folder, "transformer_iwslt_de_en_ln", "--criterion",
                           "label_smoothed_cross_entropy_rbn", *flags, updates=6)
         status, _, err = _refused_in_process("fairseq-train", args, monkeypatch, capsys)
-        assert status != 0 and (code is None or status == code), (flags, err[-2000:])
-        assert "Traceback" not in err, err[-3000:]
-        last = err.strip().splitlines()[-1]
-        assert "error:" in last and all(n in last for n in needles), (flags, last)
+        assert status == code, (flags, err[-2000:])
+        if code == 1:
+            last = _normplug_error(err)
+        else:
+            assert "Traceback" not in err, err[-3000:]
+            last = err.strip().splitlines()[-1]
+            assert "error:" in last, (flags, last)
+        assert all(n in last for n in needles), (flags, last)
         assert not folder.exists() or not any(folder.iterdir()), (flags, list(folder.iterdir()))

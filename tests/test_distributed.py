@@ -27,18 +27,18 @@ BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 PN_BUFFERS = ("running_psi2", "nu", "num_updates")
 
 SYNC_SITES = [
-    "--encoder-attn-norm", "batch", "--encoder-ffn-norm", "power",
+    "--encoder-self-attn-norm", "batch", "--encoder-ffn-norm", "power",
     "--decoder-self-attn-norm", "rms", "--decoder-cross-attn-norm", "layer",
     "--decoder-ffn-norm", "batch",
 ]
 NOSYNC_SITES = [
     "--encoder-normalize-before", "--decoder-normalize-before",
-    "--encoder-attn-norm", "batch", "--encoder-ffn-norm", "power",
+    "--encoder-self-attn-norm", "batch", "--encoder-ffn-norm", "power",
     "--encoder-final-norm", "layer_simple", "--decoder-self-attn-norm", "detach",
     "--decoder-cross-attn-norm", "adanorm", "--decoder-ffn-norm", "scale",
     "--decoder-final-norm", "identity",
 ]
-BN_LAYERS = {"enc0.attn": "encoder.layers.0.self_attn_layer_norm"}  # in both runs
+BN_LAYERS = {"enc0.self_attn": "encoder.layers.0.self_attn_layer_norm"}  # in both runs
 SYNC_BN_LAYERS = dict(BN_LAYERS, **{"dec0.ffn": "decoder.layers.0.final_layer_norm"})
 
 
@@ -133,7 +133,7 @@ def _check_common(results, dumps, save):
     assert sorted(logs) == [1, 2, 3]
     for u, fields in logs.items():
         for key in ("loss", "task_loss", "rbn_penalty", "rbn_mean", "rbn_var", "tid_mean",
-                    "tid_var", "tid_mean/enc0.attn", "tid_var/enc0.ffn"):
+                    "tid_var", "tid_mean/enc0.self_attn", "tid_var/enc0.ffn"):
             assert key in fields and math.isfinite(fields[key]), (u, key, fields)
         assert fields["rbn_penalty"] > 0
     return logs
@@ -332,5 +332,5 @@ def test_powernorm_sync_option_and_single_process_fallback():
 
     plan = NormPlan.from_config(Namespace(encoder_norm="power", decoder_norm="batch", bn_sync_stats=True,
                                           encoder_attention_heads=2, decoder_attention_heads=2))
-    assert plan.build("encoder", "attn", 8).sync_stats is True
+    assert plan.build("encoder", "self_attn", 8).sync_stats is True
     assert plan.build("decoder", "ffn", 8).sync_stats is True

@@ -8,16 +8,15 @@ import copy
 import pytest
 import torch
 
-from conftest import USER_DIR
-from test_criterion import LAMBDA_MEAN, LAMBDA_VAR, MOMENTUM, close, reference_terms
-
-from fairseq import options, tasks, utils
+from conftest import build_model, parse_train_args
+from test_criterion import (LAMBDA_MEAN, LAMBDA_VAR, MOMENTUM, check_against_reference, check_penalty_gradient,
+                            loss_and_grads, penalty_step)
 
 import normplug  # noqa: F401  (registers the plugin)
+from normplug.errors import NormplugError
 from normplug.models.architectures import KINDS
 from normplug.models.architectures_lm import LM_ARCHITECTURES, LM_SHAPES
-from normplug.models.norm_model import site_name
-from normplug.norms import NormConfigError
+from normplug.models.norm_plan import site_name
 
 # 2 heads: test_criterion's reference group-scales PowerNorm inputs in 2 groups
 TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
@@ -26,21 +25,17 @@ TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-
 TINY_CUTOFFS = ["--adaptive-input-cutoff", "10,20", "--adaptive-softmax-cutoff", "10,20"]  # 34 words
 
 
+def tiny_lm(arch):
+    """The tiny size of a language model (WT103's cutoffs scaled down)."""
+    return ["--task", "language_modeling", *TINY_LM, *(TINY_CUTOFFS if "wt103" in arch else [])]
+
+
 def parse(data, arch, *extra):
-    """fairseq's parsing and architecture function, at the tiny size (WT103's cutoffs scaled down)."""
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--task", "language_modeling", "--user-dir", USER_DIR, "--arch", arch, "--cpu", *TINY_LM,
-        *(TINY_CUTOFFS if "wt103" in arch else []), *extra])
-    utils.import_user_module(args)
-    return args
+    return parse_train_args(data, arch, *tiny_lm(arch), *extra)
 
 
 def build(data, arch, *extra):
-    args = parse(data, arch, *extra)
-    task = tasks.setup_task(args)
-    torch.manual_seed(0)
-    return task, task.build_model(args), args
+    return build_model(data, arch, *tiny_lm(arch), *extra)
 
 
 def random_tokens(task, batch, length, seed=0):
@@ -92,25 +87,24 @@ def norm_kinds(model):
 def test_placements(lm_data):
     """bn/rbn/pn: the batch-statistics norm at every layer's self-attention and FFN sites,
     LayerNorm at the final site of a Pre-Norm stack; the other kinds everywhere."""
-    sublayers = {f"dec{i}.{s}" for i in range(2) for s in ("attn", "ffn")}
+    sublayers = {f"dec{i}.{s}" for i in range(2) for s in ("self_attn", "ffn")}
     for kind, (every_site, batch_norm) in KINDS.items():
         _, model, _ = build(lm_data, f"transformer_lm_ptb_{kind}")
         assert norm_kinds(model) == dict.fromkeys(sublayers, batch_norm or every_site), kind
     _, model, _ = build(lm_data, "transformer_lm_wt103_pn", "--decoder-normalize-before", "--warmup-updates", "7")
     norms = {site_name(n): m for n, m in model.named_modules() if hasattr(m, "norm_name")}
     assert {k: m.norm_name for k, m in norms.items()} == {**dict.fromkeys(sublayers, "power"), "dec.final": "layer"}
-    assert norms["dec0.attn"].groups == 2 and norms["dec1.ffn"].warmup_updates == 7
+    assert norms["dec0.self_attn"].groups == 2 and norms["dec1.ffn"].warmup_updates == 7
     _, model, _ = build(lm_data, "norm_transformer_lm", "--decoder-normalize-before", "--decoder-norm", "rms",
                         "--decoder-ffn-norm", "scale", "--decoder-final-norm", "adanorm")
-    assert norm_kinds(model) == {"dec0.attn": "rms", "dec1.attn": "rms", "dec0.ffn": "scale", "dec1.ffn": "scale",
+    assert norm_kinds(model) == {"dec0.self_attn": "rms", "dec1.self_attn": "rms", "dec0.ffn": "scale", "dec1.ffn": "scale",
                                  "dec.final": "adanorm"}
 
 
 def test_reference_sizes():
     """Full-size shapes of the reference scripts (run_ptb.sh, run_wt103.sh); Post-Norm unless asked."""
     def full(arch, *extra):
-        return options.parse_args_and_arch(options.get_training_parser(), [
-            "data", "--task", "language_modeling", "--user-dir", USER_DIR, "--arch", arch, *extra])
+        return parse_train_args("data", arch, "--task", "language_modeling", *extra)
 
     shape = ("decoder_layers", "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads",
              "dropout", "activation_dropout", "attention_dropout", "decoder_normalize_before")
@@ -200,9 +194,9 @@ def test_batch_test_stats_refused_in_incremental_decoding(lm_data):
     tokens = random_tokens(task, 2, 5)
     with torch.no_grad():
         log_probs(model, tokens)  # a full forward may use the test batch (validation does)
-        with pytest.raises(NormConfigError, match="incremental decoding"):
+        with pytest.raises(NormplugError, match="incremental decoding"):
             log_probs(model, tokens[:, :1], incremental_state={})
-    with pytest.raises(SystemExit, match="bn-test-stats population"):
+    with pytest.raises(NormplugError, match="bn-test-stats population"):
         model.prepare_for_inference_(None)  # what fairseq-eval-lm and fairseq-generate call first
 
 
@@ -236,16 +230,6 @@ def test_padding_invariance(lm_data, norm, prenorm):
 
 
 # --------------------------------------------------------------------------- the criteria
-def losses(task, args, model, sample):
-    """(loss, {parameter: grad}, logs) of the criterion of ``args`` on a copy of ``model``."""
-    criterion = task.build_criterion(args)
-    model = copy.deepcopy(model)  # same weights and buffers for every criterion
-    model.train()
-    loss, _, logs = criterion(model, sample)
-    loss.backward()
-    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}, logs
-
-
 CRITERIA = {"cross_entropy_rbn": ("transformer_lm_ptb_rbn", "cross_entropy"),
             "adaptive_loss_rbn": ("transformer_lm_wt103_rbn", "adaptive_loss")}
 
@@ -257,8 +241,8 @@ def test_zero_weights_are_the_base_criterion(lm_data, criterion):
     task, model, base_args = build(lm_data, arch, "--criterion", base, *ddp)
     rbn_args = parse(lm_data, arch, "--criterion", criterion, *ddp, "--rbn-mean-weight", "0", "--rbn-var-weight", "0")
     sample = eos_sample(task)
-    loss, grads, _ = losses(task, base_args, model, sample)
-    loss0, grads0, logs0 = losses(task, rbn_args, model, sample)
+    loss, grads, _ = loss_and_grads(task, base_args, model, sample)
+    loss0, grads0, logs0 = loss_and_grads(task, rbn_args, model, sample)
     assert torch.equal(loss, loss0)
     assert grads.keys() == grads0.keys()
     for name, g in grads.items():
@@ -266,18 +250,18 @@ def test_zero_weights_are_the_base_criterion(lm_data, criterion):
         assert g is None or torch.equal(g, grads0[name]), name
     assert logs0["rbn_penalty"] == 0 and logs0["rbn_forwards"] == 1
     assert {k for k in logs0 if k.startswith("tid_var/")} == {f"tid_var/dec{i}.{s}" for i in range(2)
-                                                              for s in ("attn", "ffn")}
+                                                              for s in ("self_attn", "ffn")}
 
 
 # (criterion, extra flags, {logged site: (module path, norm)}): BN at every sublayer site of a
 # Post-Norm PTB model; BN, PowerNorm and a BN final norm in a Pre-Norm WT103 model
 PENALTY = {
     "cross_entropy_rbn": ([], {f"dec{i}.{s}": (f"decoder.layers.{i}.{path}", "batch") for i in range(2)
-                               for s, path in (("attn", "self_attn_layer_norm"), ("ffn", "final_layer_norm"))}),
+                               for s, path in (("self_attn", "self_attn_layer_norm"), ("ffn", "final_layer_norm"))}),
     "adaptive_loss_rbn": (["--decoder-ffn-norm", "power", "--decoder-normalize-before", "--decoder-final-norm", "batch"],
-                          {"dec0.attn": ("decoder.layers.0.self_attn_layer_norm", "batch"),
+                          {"dec0.self_attn": ("decoder.layers.0.self_attn_layer_norm", "batch"),
                            "dec0.ffn": ("decoder.layers.0.final_layer_norm", "power"),
-                           "dec1.attn": ("decoder.layers.1.self_attn_layer_norm", "batch"),
+                           "dec1.self_attn": ("decoder.layers.1.self_attn_layer_norm", "batch"),
                            "dec1.ffn": ("decoder.layers.1.final_layer_norm", "power"),
                            "dec.final": ("decoder.final_norm", "batch")}),
 }
@@ -297,77 +281,29 @@ def test_penalty_and_statistics_match_the_equations(lm_data, criterion):
     rbn_args = parse(lm_data, arch, *common, "--criterion", criterion,
                      "--rbn-mean-weight", str(LAMBDA_MEAN), "--rbn-var-weight", str(LAMBDA_VAR))
     sample, other = eos_sample(task, range(6)), eos_sample(task, range(6, 12))
-    model.train()  # one earlier training step moves the running statistics off their initial values
-    model.set_num_updates(0)
-    with torch.no_grad():
-        model(**other["net_input"])
-    model.set_num_updates(1)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    modules = dict(model.named_modules())
-    assert {site: modules[path].norm_name for site, (path, _) in sites.items()} == \
-        {site: kind for site, (_, kind) in sites.items()}
-    base_loss, _, _ = losses(task, base_args, model, sample)
-
-    rbn_model = copy.deepcopy(model)
-    inputs, net = {}, {}
-    for site, (path, _) in sites.items():
-        dict(rbn_model.named_modules())[path].register_forward_pre_hook(
-            lambda m, args, site=site: inputs.__setitem__(site, args[0]))
-    rbn_model.register_forward_hook(lambda m, args, out: net.__setitem__("out", out))
-    rbn_criterion = task.build_criterion(rbn_args)
-    loss, _, logs = rbn_criterion(rbn_model, sample)
-
+    step = penalty_step(task, model, base_args, rbn_args, sample, other, sites)
     tokens = sample["net_input"]["src_tokens"]
     mask = tokens.eq(task.dictionary.pad())  # from the batch, not from what the model passes its norms
     assert mask.any()
-    ref = reference_terms(inputs, dict.fromkeys(sites, mask), before, sites)
-    state = rbn_model.state_dict()
-    for r in ref.values():
-        for key, want in r["stats"].items():
-            close(state[key], want, key, rtol=1e-5, atol=1e-6)
-
-    bn = [r for r in ref.values() if r["kind"] == "batch"]
-    ref_mean, ref_var = sum(r["rbn_mean"] for r in bn), sum(r["rbn_var"] for r in bn)
-    ref_penalty = LAMBDA_MEAN * ref_mean + LAMBDA_VAR * ref_var
-    assert float(ref_penalty.detach()) > 1  # not a vanishing term
-    assert torch.equal(logs["task_loss"], base_loss)
-    close((loss.detach() - base_loss).squeeze(), ref_penalty.detach(), "loss - base loss", rtol=1e-5,  # adaptive: 1×
-          atol=4 * torch.finfo(torch.float32).eps * float(loss))
-    close(logs["rbn_penalty"], ref_penalty.detach(), "rbn_penalty", rtol=1e-5, atol=0)
-    close(logs["rbn_mean"], ref_mean.detach(), "rbn_mean", rtol=1e-5, atol=0)
-    close(logs["rbn_var"], ref_var.detach(), "rbn_var", rtol=1e-5, atol=0)
-    for site, r in ref.items():
-        close(logs[f"tid_var/{site}"], r["tid_var"], f"tid_var/{site}", rtol=1e-4, atol=1e-7)
-        if r["kind"] == "batch":
-            close(logs[f"tid_mean/{site}"], r["tid_mean"], f"tid_mean/{site}", rtol=1e-4, atol=1e-7)
-
-    if not hasattr(rbn_criterion, "compute_loss"):  # adaptive_loss has no loss of a given output
-        return
-    task_loss, _ = rbn_criterion.compute_loss(rbn_model, net["out"], sample)
-    params = list(rbn_model.named_parameters())
-    got = torch.autograd.grad(loss - task_loss, [p for _, p in params], retain_graph=True, allow_unused=True)
-    want = torch.autograd.grad(ref_penalty, [p for _, p in params], allow_unused=True)
-    scale = max(float(w.abs().max()) for w in want if w is not None)
-    reached = 0
-    for (name, p), g, w in zip(params, got, want):
-        g = torch.zeros_like(p) if g is None else g
-        w = torch.zeros_like(p) if w is None else w
-        reached += bool(w.abs().max() > 1e-3 * scale)
-        close(g, w, name, rtol=1e-4, atol=1e-6 * scale)
-    assert reached > 10
+    _, ref_penalty = check_against_reference(step, dict.fromkeys(sites, mask), sites)
+    if hasattr(step.criterion, "compute_loss"):  # adaptive_loss has no loss of a given output
+        check_penalty_gradient(step, ref_penalty)
 
 
 # --------------------------------------------------------------------------- errors
 def test_errors_are_one_clear_line(lm_data, capsys):
     def refused(*argv):
-        """fairseq's argparse errors: usage and message on stderr; normplug's: one line."""
-        with pytest.raises(SystemExit) as exit_info:
+        """fairseq's argparse errors: usage and message on stderr, exit status 2; normplug's: a
+        NormplugError of one line."""
+        try:
             build(lm_data, *argv)
-        code = exit_info.value.code
-        if isinstance(code, str):
-            assert code.startswith("normplug: error: ") and "\n" not in code
-            return code
-        return capsys.readouterr().err
+        except NormplugError as err:
+            assert str(err) and "\n" not in str(err)
+            return str(err)
+        except SystemExit as stop:
+            assert stop.code == 2
+            return capsys.readouterr().err
+        pytest.fail(f"not refused: {argv}")
 
     err = refused("transformer_lm_ptb_batchnorm")  # an unknown kind: the choices are listed
     assert "transformer_lm_ptb_batchnorm" in err and "transformer_lm_ptb_rbn" in err
@@ -381,3 +317,19 @@ def test_errors_are_one_clear_line(lm_data, capsys):
     assert "--adaptive-softmax-cutoff" in err and "cross_entropy_rbn" in err
     err = refused("transformer_lm_wt103_bn", "--adaptive-input-cutoff", "10")
     assert "--tie-adaptive-weights needs --adaptive-input-cutoff equal to --adaptive-softmax-cutoff" in err
+    err = refused("transformer_lm_wt103_bn", "--criterion", "cross_entropy_rbn")
+    assert "--criterion cross_entropy_rbn needs a full softmax" in err and "--criterion adaptive_loss_rbn" in err
+
+
+def test_cross_entropy_rbn_refuses_an_adaptive_softmax_before_autograd(lm_data):
+    """A model normplug did not build (fairseq's own transformer_lm, adaptive softmax) reaches
+    the criterion unchecked: its first forward refuses it before running the model."""
+    flags = [*TINY_CUTOFFS, "--decoder-input-dim", "16", "--decoder-output-dim", "16"]
+    task, model, _ = build(lm_data, "transformer_lm", *flags)
+    assert model.decoder.adaptive_softmax is not None
+    criterion = task.build_criterion(parse(lm_data, "transformer_lm", *flags, "--criterion", "cross_entropy_rbn"))
+    calls = []
+    model.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(NormplugError, match="needs a full softmax.*--criterion adaptive_loss_rbn"):
+        criterion(model, eos_sample(task))
+    assert calls == []

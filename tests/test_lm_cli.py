@@ -1,7 +1,8 @@
 """The real command lines of the language model, as subprocesses on the toy corpus: one
 fairseq-train per kind (ln; bn, rbn, pn with cross_entropy_rbn, rbn with non-zero weights;
 an adaptive-softmax WikiText-103-shaped rbn with adaptive_loss_rbn), a few updates each,
-then fairseq-eval-lm on each checkpoint; and the one-line errors of the command line."""
+then fairseq-eval-lm on each checkpoint; and the errors of the command line, whose message
+is the last line of stderr."""
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -87,7 +88,7 @@ def test_penalty_and_tid_are_logged_apart(runs, kind):
     """Every step logs the task loss, the penalty and every layer's TID; the penalty is
     λ_μ·rbn_mean + λ_σ·rbn_var over the step's tokens (fairseq logs base-2 losses per token)."""
     train, _, _ = runs[kind]
-    layers = [f"dec{i}.{site}" for i in range(2) for site in ("attn", "ffn")]
+    layers = [f"dec{i}.{site}" for i in range(2) for site in ("self_attn", "ffn")]
     for line in [line for line in train.splitlines() if "| train_inner |" in line]:
         for key in ("task_loss", "rbn_penalty", "tid_var", *(f"tid_var/{layer}" for layer in layers)):
             assert logged(line, key) is not None, (key, line)
@@ -102,22 +103,30 @@ def test_penalty_and_tid_are_logged_apart(runs, kind):
                                                      abs=2e-3)
 
 
-def test_command_line_errors_are_one_line(lm_data, runs, tmp_path):
+def test_command_line_errors_end_stderr(lm_data, runs, tmp_path):
     def refused(proc):
-        """The last line of a failed run without a traceback, which did not start training."""
-        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        assert "Start iterating over samples" not in proc.stdout + proc.stderr
-        return proc.stderr.strip().splitlines()[-1]
+        """The message of the NormplugError that ended a run before it trained or scored: the
+        last line of stderr, after one traceback of that error alone."""
+        err = proc.stderr
+        assert proc.returncode == 1 and err.count("Traceback (most recent call last)") == 1, err[-3000:]
+        assert "During handling" not in err, err[-3000:]
+        assert "Start iterating over samples" not in proc.stdout + err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("normplug.errors.NormplugError: "), last
+        return last[len("normplug.errors.NormplugError: "):]
 
     save = tmp_path / "never"
     last = refused(run_cli("fairseq-train", *lm_train_args(
         lm_data, save, "transformer_lm_ptb_bn", "--criterion", "adaptive_loss_rbn", "--ddp-backend", "legacy_ddp"),
         check=False))
-    assert last.startswith("normplug: error: --criterion adaptive_loss_rbn needs") and "cross_entropy_rbn" in last
+    assert last.startswith("--criterion adaptive_loss_rbn needs") and "cross_entropy_rbn" in last
     last = refused(run_cli("fairseq-train", *lm_train_args(
         lm_data, save, "transformer_lm_ptb_ln", "--criterion", "cross_entropy_rbn", *RBN), check=False))
-    assert last.startswith("normplug: error: --rbn-mean-weight 0.5") and "no 'batch' norm" in last
+    assert last.startswith("--rbn-mean-weight 0.5") and "no 'batch' norm" in last
+    last = refused(run_cli("fairseq-train", *lm_train_args(
+        lm_data, save, "transformer_lm_wt103_bn", *TINY_CUTOFFS, "--criterion", "cross_entropy_rbn"), check=False))
+    assert last.startswith("--criterion cross_entropy_rbn needs a full softmax") and "adaptive_loss_rbn" in last
     assert not list(save.glob("*.pt"))
     # test-batch statistics would let eval-lm's positions see later tokens: refused
     last = refused(eval_lm(lm_data, runs["bn"][2], "--model-overrides", "{'bn_test_stats': 'batch'}", check=False))
-    assert last.startswith("normplug: error: decoder norm") and "--bn-test-stats population" in last
+    assert last.startswith("decoder norm") and "--bn-test-stats population" in last

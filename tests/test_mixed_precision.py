@@ -22,11 +22,11 @@ from normplug.norms import create_norm
 
 # Between them, every norm kind at some site (Post-Norm / Pre-Norm).
 SITES = {
-    "postnorm": ["--encoder-attn-norm", "batch", "--encoder-ffn-norm", "power",
+    "postnorm": ["--encoder-self-attn-norm", "batch", "--encoder-ffn-norm", "power",
                  "--decoder-self-attn-norm", "rms", "--decoder-cross-attn-norm", "layer",
                  "--decoder-ffn-norm", "batch"],
     "prenorm": ["--encoder-normalize-before", "--decoder-normalize-before",
-                "--encoder-attn-norm", "batch", "--encoder-ffn-norm", "power",
+                "--encoder-self-attn-norm", "batch", "--encoder-ffn-norm", "power",
                 "--encoder-final-norm", "layer_simple", "--decoder-self-attn-norm", "detach",
                 "--decoder-cross-attn-norm", "adanorm", "--decoder-ffn-norm", "scale",
                 "--decoder-final-norm", "identity"],

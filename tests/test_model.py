@@ -5,13 +5,12 @@ import copy
 import pytest
 import torch
 
-from conftest import TINY_MODEL, USER_DIR
-
-from fairseq import options, tasks, utils
+from conftest import TINY_MODEL, build_model, parse_train_args
 
 import normplug  # noqa: F401  (registers the plugin)
+from normplug.errors import NormplugError
 from normplug.models.architectures import ARCHITECTURES, KINDS, SHAPES
-from normplug.models.norm_model import site_name
+from normplug.models.norm_plan import SITE_ATTRIBUTES, SITES, site_name
 from normplug.models.norm_transformer import NormTransformerModel
 from normplug.norms import BatchStatNorm, norm_names
 
@@ -19,14 +18,7 @@ TINY_ARCH = TINY_MODEL + ["--dropout", "0.0", "--attention-dropout", "0.0", "--s
 
 
 def build(data, arch, *extra):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser, [str(data), "--user-dir", USER_DIR, "--arch", arch, "--cpu", *TINY_ARCH, *extra]
-    )
-    utils.import_user_module(args)
-    task = tasks.setup_task(args)
-    torch.manual_seed(0)
-    return task, task.build_model(args), args
+    return build_model(data, arch, *TINY_ARCH, *extra)
 
 
 def make_batch(task, lengths_src, lengths_tgt, seed=0):
@@ -85,6 +77,46 @@ def test_layer_architecture_is_the_stock_transformer(tiny_data, prenorm):
     for name, p in ours.named_parameters():
         q = stock_params.get(name.replace("final_norm", "layer_norm"))
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_stock_iwslt_state_dict_loads_strictly_into_the_layer_norm_architecture(tiny_data, prenorm):
+    """A stock fairseq transformer_iwslt_de_en state dict, as its checkpoints hold it (Pre-Norm:
+    the stacks' final norms as `layer_norm`), loads with strict=True into
+    transformer_iwslt_de_en_ln[_prenorm], and the two models give the same outputs."""
+    extra = ["--encoder-normalize-before", "--decoder-normalize-before"] if prenorm else []
+    task, stock, _ = build(tiny_data, "transformer_iwslt_de_en", *extra)
+    _, ours, _ = build(tiny_data, "transformer_iwslt_de_en_ln" + ("_prenorm" if prenorm else ""))
+    stock_sd = stock.state_dict()
+    assert any(".layer_norm." in k for k in stock_sd) == prenorm
+    assert ours.load_state_dict(dict(stock_sd), strict=True) is not None  # upgrade, then strict
+    ours_sd = ours.state_dict()
+    assert len(ours_sd) == len(stock_sd)
+    for key, value in stock_sd.items():
+        assert torch.equal(ours_sd[key.replace(".layer_norm.", ".final_norm.")], value), key
+    src, lengths, prev = make_batch(task, [6, 2, 9, 4], [5, 7, 3, 2])
+    ours.eval()
+    stock.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(src, lengths, prev)[0], stock(src, lengths, prev)[0], rtol=0, atol=1e-6)
+
+
+def test_one_name_per_site(tiny_data):
+    """Each site's flag (--{stack}-{site}-norm) places its norm at fairseq's attribute for that
+    site (SITE_ATTRIBUTES), and the model logs it under the same site name."""
+    prenorm = ["--encoder-normalize-before", "--decoder-normalize-before"]
+    assert set(SITE_ATTRIBUTES) == {site for _, site in SITES}
+    for stack, site in SITES:
+        flag = f"--{stack}-{site.replace('_', '-')}-norm"
+        _, model, _ = build(tiny_data, "norm_transformer", *prenorm, flag, "batch")
+        module = getattr(model, stack)
+        owner = module if site == "final" else module.layers[0]
+        assert getattr(owner, SITE_ATTRIBUTES[site]).norm_name == "batch", flag
+        logged = f"{stack[:3]}.final" if site == "final" else f"{stack[:3]}0.{site}"
+        assert list(model.batch_stat_norms()) == [logged], flag
+    assert site_name("encoder.layers.3.final_layer_norm") == "enc3.ffn"
+    assert site_name("decoder.layers.1.encoder_attn_layer_norm") == "dec1.cross_attn"
+    assert site_name("decoder.final_norm") == "dec.final"
 
 
 def _per_token_and_population_norms():
@@ -212,7 +244,7 @@ def test_batch_test_stats_refused_in_incremental_decoder(tiny_data):
         model.decoder(prev, encoder_out=enc)  # full-sequence decoding works too
         with pytest.raises(Exception, match="incremental decoding"):
             model.decoder(prev[:, :1], encoder_out=enc, incremental_state={})
-    with pytest.raises(SystemExit, match="bn-test-stats population"):
+    with pytest.raises(NormplugError, match="bn-test-stats population"):
         model.prepare_for_inference_(None)  # what fairseq-generate calls first
 
 
@@ -227,15 +259,18 @@ def test_bad_flag_values_are_clear_errors(tiny_data, capsys):
     with pytest.raises(SystemExit):
         build(tiny_data, "norm_transformer", "--bn-momentum", "-0.1")
     assert "-0.1" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match=r"groups.*3.*16|16.*3"):
+    with pytest.raises(NormplugError, match=r"groups.*3.*16|16.*3"):
         build(tiny_data, "norm_transformer", "--encoder-norm", "power", "--power-groups", "3")
+    with pytest.raises(SystemExit):  # the old name of the encoder's self-attention site
+        build(tiny_data, "norm_transformer", "--encoder-attn-norm", "batch")
+    assert "unrecognized arguments: --encoder-attn-norm" in capsys.readouterr().err
 
 
 def test_site_overrides_and_published_placements(tiny_data):
     _, model, _ = build(tiny_data, "transformer_iwslt_de_en_bn")
     kinds = {site_name(n): m.norm_name for n, m in model.named_modules() if hasattr(m, "norm_name")}
-    assert kinds == {"enc0.attn": "batch", "enc0.ffn": "batch", "dec0.attn": "layer",
-                     "dec0.cross": "layer", "dec0.ffn": "layer"}
+    assert kinds == {"enc0.self_attn": "batch", "enc0.ffn": "batch", "dec0.self_attn": "layer",
+                     "dec0.cross_attn": "layer", "dec0.ffn": "layer"}
     _, model, _ = build(tiny_data, "transformer_iwslt_de_en_adanorm_prenorm",
                         "--encoder-norm", "layer", "--decoder-norm", "layer",
                         "--encoder-final-norm", "adanorm", "--decoder-final-norm", "adanorm")
@@ -251,9 +286,9 @@ def test_power_norm_placement_and_final_warmup(tiny_data):
     _, model, _ = build(tiny_data, "transformer_iwslt_de_en_pn_prenorm", "--warmup-updates", "8000")
     norms = {site_name(n): m for n, m in model.named_modules() if hasattr(m, "norm_name")}
     assert {k: m.norm_name for k, m in norms.items() if m.norm_name != "layer"} == {
-        "enc0.attn": "power", "enc0.ffn": "power", "enc.final": "power"}
-    assert norms["enc0.attn"].warmup_updates == 8000 and norms["enc.final"].warmup_updates == 1000
-    assert norms["enc0.attn"].groups == 2  # attention heads of the tiny model
+        "enc0.self_attn": "power", "enc0.ffn": "power", "enc.final": "power"}
+    assert norms["enc0.self_attn"].warmup_updates == 8000 and norms["enc.final"].warmup_updates == 1000
+    assert norms["enc0.self_attn"].groups == 2  # attention heads of the tiny model
     _, model, _ = build(tiny_data, "transformer_iwslt_de_en_pn_prenorm", "--power-warmup", "7",
                         "--power-final-warmup", "3")
     assert model.encoder.layers[0].final_layer_norm.warmup_updates == 7
@@ -284,7 +319,7 @@ def test_initialisation_flags(tiny_data):
 
 @pytest.mark.slow
 def test_compile_norms_keeps_state_names_and_matches_eager(tiny_data):
-    arch = ["--encoder-attn-norm", "batch", "--encoder-ffn-norm", "power", "--decoder-ffn-norm", "rms"]
+    arch = ["--encoder-self-attn-norm", "batch", "--encoder-ffn-norm", "power", "--decoder-ffn-norm", "rms"]
     task, eager, _ = build(tiny_data, "norm_transformer", *arch)
     _, compiled, _ = build(tiny_data, "norm_transformer", *arch, "--compile-norms")
     assert list(compiled.state_dict()) == list(eager.state_dict())
@@ -306,8 +341,7 @@ def test_compile_norms_keeps_state_names_and_matches_eager(tiny_data):
 
 def _full_size_args(data, arch, *extra):
     """fairseq's argument parsing and architecture function alone, at full size (no model)."""
-    parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, [str(data), "--user-dir", USER_DIR, "--arch", arch, "--cpu", *extra])
+    return parse_train_args(data, arch, *extra)
 
 
 @pytest.mark.parametrize("kind", ["ln", "pn"])

@@ -29,7 +29,7 @@ POWER_WARMUP = 5  # PowerNorm warm-up straddles the interruption
 def _args(data, save):
     return train_args(
         data, save, "norm_transformer",
-        "--encoder-attn-norm", "batch", "--encoder-ffn-norm", "power",
+        "--encoder-self-attn-norm", "batch", "--encoder-ffn-norm", "power",
         "--decoder-self-attn-norm", "rms", "--decoder-ffn-norm", "batch",
         "--power-warmup", str(POWER_WARMUP), "--bn-momentum", "0.1",
         "--criterion", "label_smoothed_cross_entropy_rbn",

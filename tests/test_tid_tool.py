@@ -24,7 +24,7 @@ from normplug.tools.common import numbered_checkpoints
 from normplug.tools.tid import TIDMeter, batch_tid
 
 ARCH = "transformer_iwslt_de_en_bn"
-LAYERS = ["enc0.attn", "enc0.ffn"]
+LAYERS = ["enc0.self_attn", "enc0.ffn"]
 
 _RUNS = {}
 
@@ -215,7 +215,7 @@ def test_numbers_equal_an_independent_computation(bn_run, tiny_data, tmp_path, m
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(ckpt)], arg_overrides={"data": str(tiny_data)})
     model = models[0].eval()
-    modules = {"enc0.attn": model.encoder.layers[0].self_attn_layer_norm,
+    modules = {"enc0.self_attn": model.encoder.layers[0].self_attn_layer_norm,
                "enc0.ffn": model.encoder.layers[0].final_layer_norm}
     sums = {k: [0.0, 0.0, 0] for k in modules}
 
@@ -254,9 +254,17 @@ def _no_bn_checkpoint(src, dst):
     state = torch.load(src)
     args = state["cfg"]["model"]
     assert isinstance(args, argparse.Namespace)
-    args.encoder_attn_norm = args.encoder_ffn_norm = "layer"
+    args.encoder_self_attn_norm = args.encoder_ffn_norm = "layer"
     state["model"] = {k: v for k, v in state["model"].items()
                       if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+    torch.save(state, dst)
+    return dst
+
+
+def _bad_momentum_checkpoint(src, dst):
+    """The BN checkpoint with a BN momentum no model can be built with."""
+    state = torch.load(src)
+    state["cfg"]["model"].bn_momentum = 5.0
     torch.save(state, dst)
     return dst
 
@@ -280,6 +288,8 @@ def test_errors(bn_run, tiny_data, tmp_path, monkeypatch, capsys):
     no_bn = _no_bn_checkpoint(good, tmp_path / "ln.pt")
     _expect_error(capsys, [tmp_path / "missing.pt", *outs], "checkpoint not found", "missing.pt")
     _expect_error(capsys, [no_bn, "--data", tiny_data, *outs], "has no BN/PN layer")
+    bad = _bad_momentum_checkpoint(good, tmp_path / "bad.pt")
+    _expect_error(capsys, [bad, "--data", tiny_data, *outs], "cannot build the model", "momentum", "got 5.0")
     _expect_error(capsys, [good, "--data", tmp_path / "nodata", *outs], "data directory not found")
     _expect_error(capsys, [good, "--data", tiny_data, "--split", "nosuch", *outs],
                   "cannot load split 'nosuch'")
@@ -288,7 +298,7 @@ def test_errors(bn_run, tiny_data, tmp_path, monkeypatch, capsys):
     _expect_error(capsys, [garbage, *outs], "cannot read checkpoint", "garbage.pt")
     # the good checkpoint first: the failure comes after one was measured
     _expect_error(capsys, [good, tmp_path / "missing.pt", *outs], "checkpoint not found")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.pt", "ln.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "garbage.pt", "ln.pt"]
 
 
 @pytest.mark.slow
@@ -311,4 +321,18 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
     message = _expect_error(capsys, [tmp_path / "missing.pt", "--plot", tmp_path / "t.png"],
                             "needs matplotlib", "normplug[plot]")
     assert "checkpoint not found" not in message  # refused before reading any checkpoint
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_library_error_is_one_line(tmp_path, monkeypatch, capsys):
+    """A NormplugError from the library (a bad option found while measuring) ends the tool
+    with one line and exit status 2, like its own errors."""
+    from normplug.errors import NormplugError
+
+    def refuse(args):
+        raise NormplugError("a bad option, named")
+
+    monkeypatch.setattr(tid_cli, "configure_logging", lambda verbose: None)
+    monkeypatch.setattr(tid_cli, "run", refuse)
+    _expect_error(capsys, [tmp_path / "any.pt", "--csv", tmp_path / "t.csv"], "a bad option, named")
     assert list(tmp_path.iterdir()) == []

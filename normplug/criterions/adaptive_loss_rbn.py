@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from fairseq.criterions import register_criterion
 from fairseq.criterions.adaptive_loss import AdaptiveLoss, AdaptiveLossConfig
 
-from ..norms import NormConfigError
-from ..rbn import RBNPenalty, RBNWeights
+from ..errors import NormplugError
+from ..rbn import RBNPenalty, RBNWeights, has_adaptive_softmax
 
 
 @dataclass
@@ -29,8 +29,8 @@ class AdaptiveLossRBN(RBNPenalty, AdaptiveLoss):
     @classmethod
     def check_model(cls, cfg, model):
         # fairseq's adaptive_loss only asserts this, in the middle of the first step
-        if getattr(getattr(model, "decoder", None), "adaptive_softmax", None) is None:
-            raise NormConfigError(
+        if not has_adaptive_softmax(model):
+            raise NormplugError(
                 "--criterion adaptive_loss_rbn needs a model with an adaptive softmax "
                 "(--adaptive-softmax-cutoff); use --criterion cross_entropy_rbn for a full softmax")
         super().check_model(cfg, model)

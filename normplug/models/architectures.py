@@ -51,7 +51,7 @@ def _translation_defaults(kind):
     every_site, sublayers = KINDS[kind]
     defaults = {"encoder_norm": every_site, "decoder_norm": every_site}
     if sublayers is not None:
-        defaults.update(encoder_attn_norm=sublayers, encoder_ffn_norm=sublayers)
+        defaults.update(encoder_self_attn_norm=sublayers, encoder_ffn_norm=sublayers)
     if sublayers == "power":  # Shen et al.'s release: also the encoder's final (Pre-Norm) norm
         defaults.update(encoder_final_norm="power", power_final_warmup=1000)
     return defaults

@@ -10,18 +10,40 @@ from typing import Dict, Optional, Tuple
 import torch.nn as nn
 from fairseq.models.transformer.transformer_config import TransformerConfig
 
+from ..errors import NormplugError
 from ..norms import NormConfigError, create_norm, norm_names, norm_options
 
-# (stack, site) -> the command-line flag that overrides it
-SITES = {
-    ("encoder", "attn"): "encoder_attn_norm",
-    ("encoder", "ffn"): "encoder_ffn_norm",
-    ("encoder", "final"): "encoder_final_norm",
-    ("decoder", "self_attn"): "decoder_self_attn_norm",
-    ("decoder", "cross_attn"): "decoder_cross_attn_norm",
-    ("decoder", "ffn"): "decoder_ffn_norm",
-    ("decoder", "final"): "decoder_final_norm",
+# Each norm site has one name: in plan keys, in flags (--{stack}-{site}-norm) and in logs
+# (enc0.self_attn, dec.final). Its module keeps fairseq's attribute name, so that a stock
+# checkpoint loads: fairseq calls the FFN's norm `final_layer_norm`; a stack's final
+# (Pre-Norm) norm is fairseq's `layer_norm`, held here as `final_norm` (see norm_transformer.py).
+SITE_ATTRIBUTES = {
+    "self_attn": "self_attn_layer_norm",
+    "cross_attn": "encoder_attn_layer_norm",
+    "ffn": "final_layer_norm",
+    "final": "final_norm",
 }
+STACK_SITES = {"encoder": ("self_attn", "ffn", "final"),
+               "decoder": ("self_attn", "cross_attn", "ffn", "final")}
+SITES = tuple((stack, site) for stack, sites in STACK_SITES.items() for site in sites)
+_LOG_STACKS = {"encoder": "enc", "decoder": "dec"}
+
+
+def site_flag(stack: str, site: str) -> str:
+    """The flag's destination that overrides one site: ``encoder_self_attn_norm``."""
+    return f"{stack}_{site}_norm"
+
+
+def site_name(module_name: str) -> str:
+    """The logged name of a norm module: ``encoder.layers.3.final_layer_norm`` -> ``enc3.ffn``,
+    ``decoder.final_norm`` -> ``dec.final``."""
+    sites = {attribute: site for site, attribute in SITE_ATTRIBUTES.items()}
+    parts = module_name.split(".")
+    stack = _LOG_STACKS[parts[0]]
+    if len(parts) == 4 and parts[1] == "layers":
+        return f"{stack}{parts[2]}.{sites[parts[3]]}"
+    return f"{stack}.{sites[parts[1]]}"
+
 
 # command-line option -> the norm keyword it feeds (only norms that take it get it)
 NORM_OPTION_FLAGS = {
@@ -48,8 +70,8 @@ def _number(kind, ok, valid):
     return parse
 
 
-def add_norm_args(parser, sites=tuple(SITES)):
-    """The plugin's model flags for a model with these (stack, site) keys of SITES. No
+def add_norm_args(parser, sites=SITES):
+    """The plugin's model flags for a model with these (stack, site) pairs of SITES. No
     defaults here: the architectures fill them, and fairseq's model group leaves an unset
     flag absent."""
     names = list(norm_names())
@@ -59,7 +81,7 @@ def add_norm_args(parser, sites=tuple(SITES)):
         add(f"--{stack}-norm", choices=names, metavar="NORM",
             help=f"norm at every {stack} site; one of {', '.join(names)}")
     for stack, site in sites:
-        add("--" + SITES[(stack, site)].replace("_", "-"), choices=names, metavar="NORM",
+        add("--" + site_flag(stack, site).replace("_", "-"), choices=names, metavar="NORM",
             help=f"override the {stack} {site.replace('_', '-')} site (default: --{stack}-norm)")
     add("--norm-eps", type=_number(float, lambda v: v > 0, "> 0"),
         help="epsilon of every plugin norm (default: each norm's own)")
@@ -108,8 +130,8 @@ class NormPlan:
         """From fairseq's TransformerConfig (which keeps plugin flags as attributes) or the flat
         Namespace fairseq hands a legacy model such as the language model."""
         cfg = TransformerConfig.from_namespace(cfg)  # a TransformerConfig comes back as it is
-        sites = {key: getattr(cfg, dest, None) or getattr(cfg, f"{key[0]}_norm", None) or "layer"
-                 for key, dest in SITES.items()}
+        sites = {(stack, site): getattr(cfg, site_flag(stack, site), None)
+                 or getattr(cfg, f"{stack}_norm", None) or "layer" for stack, site in SITES}
         options = {kw: getattr(cfg, flag) for flag, kw in NORM_OPTION_FLAGS.items()
                    if getattr(cfg, flag, None) is not None}
         if "warmup_updates" not in options and getattr(cfg, "warmup_updates", None):
@@ -128,5 +150,5 @@ class NormPlan:
         try:
             return create_norm(name, dim, **kwargs)
         except NormConfigError as err:
-            flag = SITES[(stack, site)].replace("_", "-")
-            raise NormConfigError(f"{stack} {site} site (--{flag} {name}): {err}") from None
+            flag = site_flag(stack, site).replace("_", "-")
+            raise NormplugError(f"{stack} {site} site (--{flag} {name}): {err}") from None

@@ -2,10 +2,12 @@
 registry and handed the padding mask of its stream. Its decoder, without cross-attention, is
 also the language model's (norm_transformer_lm.py).
 
-The layers keep fairseq's attribute names (``self_attn_layer_norm``,
-``encoder_attn_layer_norm``, ``final_layer_norm``), so a LayerNorm model's state dict
-matches the stock Transformer's. Their forwards are written out here (fairseq 0.12's
-maths) because fairseq calls a norm as ``norm(x)``, without the mask.
+The layers keep fairseq's attribute names (norm_plan.SITE_ATTRIBUTES: ``self_attn_layer_norm``,
+``encoder_attn_layer_norm``, and ``final_layer_norm`` for the FFN), so a LayerNorm model's
+state dict matches the stock Transformer's; a stack's final norm, fairseq's ``layer_norm``,
+is ``final_norm`` here, and a stock checkpoint's is renamed on load. Their forwards are
+written out here (fairseq 0.12's maths) because fairseq calls a norm as ``norm(x)``,
+without the mask.
 """
 import math
 from typing import Dict, List, Optional
@@ -17,9 +19,10 @@ from fairseq.models import register_model
 from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, TransformerModel
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ..norms import BatchStatNorm, NormConfigError
+from ..errors import NormplugError
+from ..norms import BatchStatNorm
 from .norm_model import NormModel
-from .norm_plan import NormPlan, add_norm_args
+from .norm_plan import SITE_ATTRIBUTES, NormPlan, add_norm_args, site_name
 
 
 def init_attention(attn, scheme):
@@ -63,9 +66,9 @@ class NormTransformerEncoderLayer(_ResidualNorm, TransformerEncoderLayerBase):
     def __init__(self, cfg, plan: NormPlan):
         super().__init__(cfg)
         if self.return_fc:
-            raise NormConfigError("norm_transformer does not support return_fc")
-        self.self_attn_layer_norm = plan.build("encoder", "attn", self.embed_dim)
-        self.final_layer_norm = plan.build("encoder", "ffn", self.embed_dim)
+            raise NormplugError("norm_transformer does not support return_fc")
+        for site in ("self_attn", "ffn"):
+            setattr(self, SITE_ATTRIBUTES[site], plan.build("encoder", site, self.embed_dim))
         init_attention(self.self_attn, getattr(cfg, "attn_init", None))
         init_ffn(self, getattr(cfg, "encoder_ffn_init", None))
 
@@ -92,12 +95,11 @@ class NormTransformerDecoderLayer(_ResidualNorm, TransformerDecoderLayerBase):
             ("scale-attn", self.attn_ln is not None), ("scale-fc", self.ffn_layernorm is not None),
             ("scale-resids", self.w_resid is not None)) if on]
         if unsupported:
-            raise NormConfigError(f"norm_transformer does not support --{unsupported[0]}; "
+            raise NormplugError(f"norm_transformer does not support --{unsupported[0]}; "
                                   "drop it or use the stock transformer")
-        self.self_attn_layer_norm = plan.build("decoder", "self_attn", self.embed_dim)
-        self.encoder_attn_layer_norm = (plan.build("decoder", "cross_attn", self.embed_dim)
-                                        if self.encoder_attn is not None else None)
-        self.final_layer_norm = plan.build("decoder", "ffn", self.embed_dim)
+        for site in ("self_attn", "cross_attn", "ffn"):
+            if site != "cross_attn" or self.encoder_attn is not None:
+                setattr(self, SITE_ATTRIBUTES[site], plan.build("decoder", site, self.embed_dim))
         for attn in (self.self_attn, self.encoder_attn):
             if attn is not None:
                 init_attention(attn, getattr(cfg, "attn_init", None))
@@ -175,7 +177,7 @@ class NormTransformerDecoder(TransformerDecoder):
                            if self.layer_norm is not None else None)
         self.layer_norm = None
         if self.final_norm is not None and self.project_out_dim is not None:
-            raise NormConfigError("norm_transformer: --decoder-output-dim must equal "
+            raise NormplugError("norm_transformer: --decoder-output-dim must equal "
                                   "--decoder-embed-dim when the decoder has a final norm (Pre-Norm)")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
@@ -197,11 +199,11 @@ class NormTransformerDecoder(TransformerDecoder):
         """Refuse norms that need the whole test batch when decoding token by token."""
         for name, module in self.named_modules():
             if isinstance(module, BatchStatNorm) and module.uses_batch_stats_in_eval:
-                raise NormConfigError(
-                    f"decoder norm {name!r} ({module.norm_name}) normalises with test-batch statistics, "
-                    "which incremental decoding (one token at a time) cannot provide and which pool "
-                    "future tokens in a language model; use --bn-test-stats population, or keep "
-                    "batch norms out of a translation decoder")
+                raise NormplugError(
+                    f"decoder norm {site_name('decoder.' + name)} ({module.norm_name}) normalises with "
+                    "test-batch statistics, which incremental decoding (one token at a time) cannot "
+                    "provide and which pool future tokens in a language model; use --bn-test-stats "
+                    "population, or keep batch norms out of a translation decoder")
 
     def upgrade_state_dict_named(self, state_dict, name):
         _rename_final_norm(state_dict, name)

@@ -3,7 +3,7 @@ whose decoder is the translation model's :class:`NormTransformerDecoder` without
 cross-attention: every site (self-attention, FFN, and the final norm of a Pre-Norm stack)
 built from the normplug registry by ``--decoder-norm`` and the per-site flags, handed the
 target padding mask, Post-Norm unless ``--decoder-normalize-before``. Site names:
-``dec0.attn``, ``dec0.ffn``, ``dec.final``. Adaptive input and adaptive softmax are fairseq's.
+``dec0.self_attn``, ``dec0.ffn``, ``dec.final``. Adaptive input and adaptive softmax are fairseq's.
 
 Causality. In training, a norm with batch statistics (BN, PowerNorm) pools every real token
 of the batch, later positions of the same sequence included, as the papers' language-model
@@ -24,7 +24,7 @@ from fairseq.models.transformer_lm import (
 )
 from fairseq.modules import AdaptiveInput
 
-from ..norms import NormConfigError
+from ..errors import NormplugError
 from .norm_model import NormModel
 from .norm_plan import add_norm_args
 from .norm_transformer import NormTransformerDecoder
@@ -51,7 +51,7 @@ class NormTransformerLanguageModel(NormModel, TransformerLanguageModel):
         # method, so its steps before the decoder are repeated here (its asserts as one-line
         # errors), less character embeddings
         if getattr(args, "character_embeddings", False):
-            raise NormConfigError("norm_transformer_lm does not support --character-embeddings")
+            raise NormplugError("norm_transformer_lm does not support --character-embeddings")
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
@@ -74,5 +74,5 @@ class NormTransformerLanguageModel(NormModel, TransformerLanguageModel):
                     (args.decoder_input_dim == args.decoder_output_dim,
                      "--decoder-input-dim equal to --decoder-output-dim")):
                 if not ok:
-                    raise NormConfigError(f"--tie-adaptive-weights needs {needs}")
+                    raise NormplugError(f"--tie-adaptive-weights needs {needs}")
         return cls(NormTransformerDecoder(args, task.target_dictionary, embed_tokens, no_encoder_attn=True))

@@ -11,8 +11,10 @@ from typing import Dict, Iterable, Type
 
 import torch.nn as nn
 
+from ..errors import NormplugError
 
-class NormConfigError(ValueError):
+
+class NormConfigError(NormplugError):
     """A norm name or option that does not exist or has an invalid value."""
 
 

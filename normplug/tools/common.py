@@ -11,6 +11,8 @@ from typing import Iterator, List, NamedTuple, Optional
 
 import torch
 
+from ..errors import NormplugError
+
 
 class ToolError(Exception):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
@@ -157,7 +159,7 @@ def load_model(path: str, data: Optional[str] = None):
     overrides = {"data": str(data_dir)}
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
-    except SystemExit as err:  # normplug's own one-line configuration errors
+    except NormplugError as err:  # normplug's own configuration errors, already one line
         raise ToolError(f"cannot build the model of {path}: {err}") from None
     except Exception as err:
         raise ToolError(f"cannot load the model of {path} with data {data_dir}: {first_line(err)}") from None
