@@ -161,3 +161,36 @@ def test_impl_is_validated():
     with pytest.raises(NormConfigError, match=r"impl='fused'"):
         create_norm("power", 8, impl="fused")
     assert create_norm("power", 8).impl == "auto"
+
+
+def test_norm_impl_flag_reaches_the_norms(tiny_data, capsys):
+    from test_model import build, make_batch
+
+    def norms(model):
+        return [m for m in model.modules() if getattr(m, "norm_name", None) in ("batch", "power")]
+
+    built = {}
+    for impl in ("torch", "triton"):
+        task, model, _ = build(tiny_data, "norm_transformer", "--encoder-norm", "batch",
+                               "--decoder-norm", "power", "--norm-impl", impl)
+        assert {m.impl for m in norms(model)} == {impl} and len(norms(model)) > 2
+        built[impl] = (task, model)
+    _, model, _ = build(tiny_data, "norm_transformer", "--encoder-norm", "batch")
+    assert {m.impl for m in norms(model)} == {"auto"}
+    # one training step of the fairseq model: the triton kernels give the torch path's numbers
+    built["triton"][1].load_state_dict(built["torch"][1].state_dict())
+    results = []
+    for task, model in built.values():
+        model.train()
+        src, lengths, prev = make_batch(task, [5, 3, 7], [4, 6, 2])
+        torch.manual_seed(0)
+        logits, _ = model(src, lengths, prev)
+        logits.square().mean().backward()
+        results.append([logits] + [p.grad for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+    with pytest.raises(SystemExit):
+        build(tiny_data, "norm_transformer", "--norm-impl", "cuda")
+    err = capsys.readouterr().err
+    assert "cuda" in err and "auto" in err and "triton" in err

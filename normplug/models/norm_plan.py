@@ -36,6 +36,7 @@ NORM_OPTION_FLAGS = {
     "power_alpha_fwd": "alpha_fwd",
     "power_alpha_bkw": "alpha_bkw",
     "power_groups": "groups",
+    "norm_impl": "impl",
 }
 
 
@@ -90,6 +91,9 @@ def add_norm_args(parser, sites=tuple(SITES)):
         add(f"--{stack}-ffn-init", choices=["pytorch", "xavier"],
             help=f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
                  "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)")
+    add("--norm-impl", choices=["auto", "torch", "triton"],
+        help="fused norms' implementation: torch code, Triton kernels, or auto (default): "
+             "Triton for CUDA tensors when triton imports")
     add("--compile-norms", action="store_true", default=None,
         help="compile every plugin norm with torch.compile (first batches of each shape are slower)")
 
