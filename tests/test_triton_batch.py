@@ -194,3 +194,51 @@ def test_norm_impl_flag_reaches_the_norms(tiny_data, capsys):
         build(tiny_data, "norm_transformer", "--norm-impl", "cuda")
     err = capsys.readouterr().err
     assert "cuda" in err and "auto" in err and "triton" in err
+
+
+def _sync_worker(rank, port, folder):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        g = torch.Generator().manual_seed(rank)
+        out = {}
+        for name, options in (("batch", {}), ("power", {"groups": 4, "warmup_updates": 1})):
+            ref, fused = twins(name, 24, sync_stats=True, **options)
+            steps = []
+            for step in range(2):
+                t = 5 - 2 * rank  # the workers' batches differ in size and padding
+                x, up = torch.randn(t, B, 24, generator=g) + rank, torch.randn(t, B, 24, generator=g)
+                pad = pad_mask([t, 1, t - 1], t)
+                for norm in (ref, fused):
+                    if name == "power":
+                        norm.set_num_updates(step)
+                    steps.append(tuple(t.detach() for t in run(norm, x, pad, up, penalty=name == "batch")))
+            grads = [[p.grad for p in norm.parameters()] for norm in (ref, fused)]
+            out[name] = (steps, grads, ref.state_dict(), fused.state_dict())
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_synced_statistics_match_the_torch_path(tmp_path):
+    # two gloo workers: statistics, the penalty's gradient and ν summed over both, as the torch path does
+    import torch.multiprocessing as mp
+    from conftest import free_port
+
+    mp.start_processes(_sync_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
+    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for name in ("batch", "power"):
+        for rank in range(2):
+            steps, (grads_ref, grads_fused), state_ref, state_fused = res[rank][name]
+            for (y_ref, gx_ref), (y_fused, gx_fused) in zip(steps[::2], steps[1::2]):
+                assert_close(y_fused, y_ref)
+                assert_close(gx_fused, gx_ref)
+            for a, b in zip(grads_fused, grads_ref):
+                assert_close(a, b)
+            for key, value in state_ref.items():
+                assert_close(state_fused[key], value)
+        for key, value in res[0][name][3].items():  # synced: both workers hold the same statistics
+            assert_close(res[1][name][3][key], value)

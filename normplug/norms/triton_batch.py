@@ -5,10 +5,11 @@ power.py is the reference they are tested against).
 (t, b) = divmod(i, B), and the B×T ``pad_mask`` (True at padding) is read in place, so a
 call prepares no mask. Statistics and gradient sums are float32 whatever the input dtype;
 outputs and the input gradient are in the input dtype. Padding never enters a sum and
-outputs 0. Column reductions run one program per block of channels over every row, so the
-statistics need no second kernel; the all_reduce of synced statistics is a torch call
-between two kernels. This module imports triton: batch.py and power.py import it only
-when a norm runs with impl="triton".
+outputs 0. BatchNorm's column reductions run one program per block of channels over every
+row, so its statistics need no second kernel; PowerNorm's group scaling needs whole rows, so
+its row-wise kernel leaves partial column sums that a small kernel adds up. The all_reduce of
+synced statistics is a torch call between two kernels. This module imports triton: batch.py
+and power.py import it only when a norm runs with impl="triton".
 """
 from typing import Optional, Tuple
 
