@@ -494,7 +494,8 @@ class _PowerNormFunction(torch.autograd.Function):
         _power_apply_kernel[_tile_grid(N, C)](z, pad_t, y, inv_fwd, weight, bias, N, C, B, sb, st,
                                              HAS_PAD=has_pad, AFFINE=affine,
                                              BLOCK_R=TILE_ROWS, BLOCK_C=TILE_COLS)
-        ctx.save_for_backward(x2, z, pad_mask, weight, inv_fwd, inv_bwd, nu, count)
+        ctx.save_for_backward(x2, z, pad_mask, weight, inv_fwd, inv_bwd, count)
+        ctx.nu = nu  # a buffer the backward updates: held, not saved (saved tensors must not change)
         ctx.groups, ctx.group_eps, ctx.training, ctx.sync = groups, group_eps, training, sync
         ctx.nu_scale = (1 - alpha_bkw) if training else 0.0
         ctx.shape = x.shape
@@ -503,7 +504,8 @@ class _PowerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy, _gsigma2):
-        x2, z, pad_mask, weight, inv_fwd, inv_bwd, nu, count = ctx.saved_tensors
+        x2, z, pad_mask, weight, inv_fwd, inv_bwd, count = ctx.saved_tensors
+        nu = ctx.nu
         N, C = x2.shape
         B = ctx.shape[1]
         gy = gy.contiguous().view(N, C)
