@@ -11,6 +11,7 @@ import torch.nn as nn
 from fairseq.models.transformer.transformer_config import TransformerConfig
 
 from ..norms import NormConfigError, create_norm, norm_names, norm_options
+from ..norms.impl import IMPLS
 
 # (stack, site) -> the command-line flag that overrides it
 SITES = {
@@ -91,7 +92,7 @@ def add_norm_args(parser, sites=tuple(SITES)):
         add(f"--{stack}-ffn-init", choices=["pytorch", "xavier"],
             help=f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
                  "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)")
-    add("--norm-impl", choices=["auto", "torch", "triton"],
+    add("--norm-impl", choices=IMPLS,
         help="fused norms' implementation: torch code, Triton kernels, or auto (default): "
              "Triton for CUDA tensors when triton imports")
     add("--compile-norms", action="store_true", default=None,
