@@ -164,12 +164,12 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    norms = "compiled (--compile-norms)" if args.compile_norms else "eager"
+    norm_mode = "compiled (--compile-norms)" if args.compile_norms else "eager"
     for family in chosen:
         median = measure(family, args, impls)
         dims = "published dimensions" if args.full_size else " ".join(SMALL[family])
         print(f"{family}: training throughput on {args.device} ({dims}), {args.updates} updates x "
-              f"{args.rounds} interleaved rounds, max tokens {args.max_tokens}, {norms} norms, "
+              f"{args.rounds} interleaved rounds, max tokens {args.max_tokens}, {norm_mode} norms, "
               f"{torch.get_num_threads()} thread(s); words/s = target tokens per second")
         print("ratios are to fairseq's stock model of the same shape and the same Pre/Post-Norm")
         print(f"{'architecture':50s} {'median wps':>11s} {'x stock':>8s}")
