@@ -15,13 +15,16 @@ and loss take, and the synthetic data it trains on.
   softmax, cross entropy; WikiText-103 80 tokens, adaptive loss with its cutoffs
   20k/40k/200k of 267,735 types scaled to the synthetic vocabulary of about 3,000).
 """
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+import normplug
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]  # this checkout's normplug, as --user-dir imports it
+PLUGIN_DIR = Path(normplug.__file__).resolve().parent  # --user-dir: the normplug this python imports
 
 FAMILIES = ("translation", "lm")
 PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
@@ -38,19 +41,35 @@ class Run(NamedTuple):
     stock_model: Optional[str] = None  # build this fairseq model from the flags ``arch`` sets
 
 
+def fairseq_tool(name: str) -> str:
+    """A fairseq console script next to this python (a venv's bin/), else on PATH."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        raise SystemExit(f"{name} is neither next to {sys.executable} nor on PATH; run `make setup` first")
+    return found
+
+
+def run_quietly(cmd):
+    """Run ``cmd``; its output is shown only if it fails (it would bury the benchmark's table)."""
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        raise SystemExit(f"{Path(cmd[1] if cmd[0] == sys.executable else cmd[0]).name} failed "
+                         f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+
+
 def corpus(family, workdir: Path, lines: int) -> Path:
     """The family's binarized synthetic data in workdir, ``lines`` training sentences (pairs)."""
-    from recipes import fairseq_exe
-    from synthetic import binarize, generate
-
-    raw = workdir / "raw"
-    generate(raw, seed=7, n_train=lines, n_valid=50, n_test=50)
+    raw, bin_dir = workdir / "raw", workdir / "bin"
+    binarize = ["--binarize", str(bin_dir)] if family == "translation" else []
+    run_quietly([sys.executable, str(REPO / "scripts" / "synthetic.py"), "--out", str(raw), "--seed", "7",
+                 "--train", str(lines), "--valid", "50", "--test", "50", *binarize])
     if family == "translation":
-        return binarize(raw, workdir / "bin")
+        return bin_dir
     dest = workdir / "lm-bin"
-    subprocess.run([fairseq_exe("fairseq-preprocess"), "--only-source", "--trainpref", str(raw / "train.tgt"),
+    run_quietly([fairseq_tool("fairseq-preprocess"), "--only-source", "--trainpref", str(raw / "train.tgt"),
                     "--validpref", str(raw / "valid.tgt"), "--testpref", str(raw / "test.tgt"),
-                    "--destdir", str(dest), "--workers", "1"], check=True)
+                    "--destdir", str(dest), "--workers", "1"])
     return dest
 
 
@@ -91,7 +110,7 @@ def parse(run: Run, data: Path, flags):
     from fairseq import options
 
     args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--user-dir", str(REPO / "normplug"), "--arch", run.arch, *run.flags, *flags])
+        str(data), "--user-dir", str(PLUGIN_DIR), "--arch", run.arch, *run.flags, *flags])
     if run.stock_model:  # the arguments are complete (the architecture has run): fairseq builds from them
         args.arch = run.stock_model
     return args

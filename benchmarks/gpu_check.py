@@ -1,14 +1,19 @@
-"""The GPU check: one table, estimated at 7–9 minutes on one H200, the language models about 1
-of them (not yet timed whole: the last line gives each part's time). Split it with
---families, --skip-norms, --kinds and --fp32-updates 0 where one call must be shorter.
+"""The GPU check: one table, estimated at 7–9 minutes on one H200 with one implementation of
+the fused norms (``--impls triton``), the language models about 1 of them; the default, torch
+and triton, trains each plugin model twice (not yet timed whole: the last line gives each
+part's time). Split it with --impls, --families, --skip-norms, --kinds and --fp32-updates 0
+where one call must be shorter.
 
-1. The norm benchmark (benchmarks/norms.py) in float32 and float16, eager and compiled,
-   as ratios to eager nn.LayerNorm.
+1. The norm benchmark (benchmarks/norms.py) in float32 and float16, eager and compiled, each
+   fused norm in its torch and its Triton implementation (``--impls``), as ratios to eager
+   nn.LayerNorm.
 2. For each family of benchmarks/families.py (``--families``): every architecture and the
    stock fairseq model it is compared with trains with fairseq's ``--fp16`` trainer (loss
    scaling, float32 master weights), then in float32, on the family's synthetic corpus at
    max tokens 4096: every logged loss and the final parameters finite, and words/s against
-   the stock model of the same shape, Pre/Post-Norm and precision.
+   the stock model of the same shape, Pre/Post-Norm and precision. Each plugin model trains
+   once per ``--impls`` (``--norm-impl torch``, then ``--norm-impl triton``: rows "… triton"),
+   which doubles this part; ``--impls triton`` times the fused kernels alone.
 
    * ``translation``: ``--updates`` (100) and ``--fp32-updates`` (30) updates of every
      ``transformer_iwslt_de_en_*`` architecture and of fairseq's ``transformer_iwslt_de_en``
@@ -24,6 +29,8 @@ Each row is printed as soon as it is measured, so a run cut short keeps what it 
     benchmarks/gpu_check.sh                  # on a CUDA machine with torch and fairseq
     benchmarks/gpu_check.sh --families lm --skip-norms   # the language models only
     benchmarks/gpu_check.sh --smoke          # a few tiny updates on any device (checks the script)
+
+On the CPU (``--smoke``) the Triton implementation is skipped with a line saying so.
 """
 import argparse
 import math
@@ -35,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import families  # noqa: E402
+import families  # benchmarks/, this script's folder
+import norms
 
 # the training recipe's flags that differ by family: IWSLT's dropout (the language models'
 # architectures set their reference's)
@@ -55,28 +62,34 @@ def emit(rows, row):
     print("| " + " | ".join(row) + " |", flush=True)
 
 
-def norm_rows(device, smoke, rows):
-    import norms
-
+def norm_rows(device, smoke, rows, impls):
     size = dict(T=8, B=8, C=64, rounds=3, warmup=2) if smoke else dict(rounds=30)
+    fused = norms.fused_norms()
     for dtype in (torch.float32, torch.float16):
-        median, _, _ = norms.measure(device, dtype, **size)
+        median, _, _, failures = norms.measure(device, dtype, impls=impls, **size)
         base = median["nn.LayerNorm"]
         for name in norms.norm_names():
-            for mode, label in (("eager", name), ("compiled", f"{name} compiled")):
-                emit(rows, (f"norm {str(dtype)[6:]} {mode}", name, f"{median[label] * 1e3:.3f} ms",
-                            f"{median[label] / base:.2f} × LN", ""))
+            for impl in impls if name in fused else ("torch",):
+                for compiled in (False, True):
+                    key = norms.label(name, impl, compiled)
+                    part = f"norm {str(dtype)[6:]} {'compiled' if compiled else 'eager'}"
+                    if key in failures:
+                        emit(rows, (part, norms.label(name, impl), "failed", "", failures[key][:120]))
+                    else:
+                        emit(rows, (part, norms.label(name, impl), f"{median[key] * 1e3:.3f} ms",
+                                    f"{median[key] / base:.2f} × LN", ""))
 
 
-def train(data, family, run, plugin, updates, device, smoke, fp16):
-    """``updates`` updates with fairseq's Trainer; returns (words/s, all losses finite)."""
+def train(data, family, run, plugin, updates, device, smoke, fp16, impl="torch"):
+    """``updates`` updates with fairseq's Trainer, the plugin's fused norms in ``impl``;
+    returns (words/s, all losses finite)."""
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     # the plugin's models train with the RBN criterion at zero weights (TID logged, loss unchanged)
-    criterion = ["--criterion", f"{run.criterion}_rbn", "--power-warmup", str(updates // 2)] if plugin \
-        else ["--criterion", run.criterion]
+    criterion = ["--criterion", f"{run.criterion}_rbn", "--power-warmup", str(updates // 2),
+                 "--norm-impl", impl] if plugin else ["--criterion", run.criterion]
     args = families.parse(run, data, [
         *criterion, *(["--fp16"] if fp16 else []), *RECIPE[family], "--optimizer", "adam",
         "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
@@ -123,8 +136,9 @@ def _train_loop(trainer, epoch, updates, device, losses):
     return tokens / (time.perf_counter() - start)
 
 
-def training_rows(family, device, passes, smoke, rows, kinds=None):
-    """``passes``: (updates, fp16) pairs; every architecture of ``family`` runs each pass in turn."""
+def training_rows(family, device, passes, smoke, rows, kinds=None, impls=("torch",)):
+    """``passes``: (updates, fp16) pairs; every architecture of ``family`` runs each pass in turn,
+    each plugin architecture once per implementation in ``impls``."""
     with tempfile.TemporaryDirectory() as tmp:
         data = families.corpus(family, Path(tmp), 1000 if smoke else 20000)
         runs = families.runs(family, data, kinds)
@@ -137,15 +151,18 @@ def training_rows(family, device, passes, smoke, rows, kinds=None):
         for updates, fp16 in passes:
             wps = {}
             for label, run in runs.items():
-                wps[label], finite = train(data, family, run, label != run.baseline, updates, device, smoke, fp16)
-                part = f"train {updates} updates {'fp16' if fp16 else 'fp32'}"
-                if wps[label] is None:
-                    emit(rows, (part, label, "diverged", "", "fp16 loss scale at its minimum"))
-                else:
-                    stock = wps[run.baseline]
-                    emit(rows, (part, label, f"{wps[label]:,.0f} words/s",
-                                f"{wps[label] / stock:.2f} × stock" if stock else "",
-                                "finite" if finite else "NaN/inf"))
+                plugin = label != run.baseline
+                for impl in impls if plugin else ("torch",):
+                    row = norms.label(label, impl)
+                    wps[row], finite = train(data, family, run, plugin, updates, device, smoke, fp16, impl)
+                    part = f"train {updates} updates {'fp16' if fp16 else 'fp32'}"
+                    if wps[row] is None:
+                        emit(rows, (part, row, "diverged", "", "fp16 loss scale at its minimum"))
+                    else:
+                        stock = wps[run.baseline]
+                        emit(rows, (part, row, f"{wps[row]:,.0f} words/s",
+                                    f"{wps[row] / stock:.2f} × stock" if stock else "",
+                                    "finite" if finite else "NaN/inf"))
 
 
 def main(argv=None):
@@ -161,11 +178,15 @@ def main(argv=None):
     ap.add_argument("--lm-fp32-updates", type=int, default=20, help="float32 updates of each (0: none)")
     ap.add_argument("--kinds", default="", help="comma-separated architecture kinds to train (default: all)")
     ap.add_argument("--skip-norms", action="store_true", help="training rows only")
+    ap.add_argument("--impls", default=",".join(norms.IMPLS),
+                    help="implementations of the fused norms, comma-separated (default: %(default)s)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and a few updates, to check the script")
     args = ap.parse_args(argv)
     chosen = args.families.split(",")
     kinds = args.kinds.split(",") if args.kinds else None
-    for values, valid, what in ((chosen, families.FAMILIES, "family"), (kinds or [], KINDS, "kind")):
+    wanted = args.impls.split(",")
+    for values, valid, what in ((chosen, families.FAMILIES, "family"), (kinds or [], KINDS, "kind"),
+                                (wanted, norms.IMPLS, "impl")):
         for value in values:
             if value not in valid:
                 ap.error(f"unknown {what} {value!r}; choose from {', '.join(valid)}")
@@ -177,11 +198,15 @@ def main(argv=None):
         ap.error("the GPU check needs --device cuda (or --smoke)")
     start = time.time()
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    print(f"normplug GPU check on {name}, torch {torch.__version__}\n"
-          "| part | name | value | ratio | check |\n|---|---|---|---|---|", flush=True)
+    impls, skipped = norms.available_impls(args.device, tuple(wanted))
+    triton = "" if "triton" not in impls else f", triton {__import__('triton').__version__}"
+    print(f"normplug GPU check on {name}, torch {torch.__version__}{triton}", flush=True)
+    for line in skipped:
+        print(line, flush=True)
+    print("| part | name | value | ratio | check |\n|---|---|---|---|---|", flush=True)
     rows, seconds = [], {}
     if not args.skip_norms:
-        norm_rows(args.device, args.smoke, rows)
+        norm_rows(args.device, args.smoke, rows, impls)
         seconds["norms"] = time.time() - start
     updates = {"translation": (args.updates, args.fp32_updates), "lm": (args.lm_updates, args.lm_fp32_updates)}
     for family in chosen:
@@ -191,15 +216,17 @@ def main(argv=None):
             [(10 if args.smoke else fp16_updates, True)] + \
             ([(10 if args.smoke else fp32_updates, False)] if fp32_updates else [])
         family_start = time.time()
-        training_rows(family, args.device, passes, args.smoke, rows, kinds)
+        training_rows(family, args.device, passes, args.smoke, rows, kinds, impls)
         seconds[family] = time.time() - family_start
     print(f"{len(rows)} rows in {time.time() - start:.0f} s ("
           + ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items()) + ")")
     bad = [row[1] for row in rows if row[4] == "NaN/inf"]
+    failed = [f"{row[0]} {row[1]}" for row in rows if row[2] == "failed"]
     if bad:
         print(f"NaN or inf in: {', '.join(bad)}")
-        return 1
-    return 0
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

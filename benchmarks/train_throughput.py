@@ -11,6 +11,11 @@ words/second (target tokens per second) over rounds is compared with the stock m
     .venv/bin/python benchmarks/train_throughput.py            # CPU, small dims, both families
     .venv/bin/python benchmarks/train_throughput.py --families lm --compile-norms
     .venv/bin/python benchmarks/train_throughput.py --device cuda --full-size
+    .venv/bin/python benchmarks/train_throughput.py --device cuda --impls triton
+
+Each plugin model is timed once per implementation of its fused norms in ``--impls``
+(``--norm-impl``; rows "… triton" for the Triton kernels, which need a CUDA device: on the
+CPU they are skipped with a line saying so).
 
 The ``transformer_wmt_en_de_*`` architectures differ from the IWSLT ones only in their
 dimensions, so on shrunk dimensions they are the same models; with ``--full-size`` both
@@ -20,7 +25,6 @@ import argparse
 import logging
 import random
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -28,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import families  # noqa: E402
+import families  # benchmarks/, this script's folder
+import norms
 
 # the small dimensions of a CPU run, per family
 SMALL = {
@@ -42,11 +46,12 @@ SMALL = {
 }
 
 
-def build(data, run, size_args, device, compile_norms):
+def build(data, run, size_args, device, compile_norms, impl=None):
     from fairseq import tasks
 
     args = families.parse(run, data, ["--criterion", run.criterion, *size_args]
-                          + (["--cpu"] if device == "cpu" else []) + (["--compile-norms"] if compile_norms else []))
+                          + (["--cpu"] if device == "cpu" else []) + (["--compile-norms"] if compile_norms else [])
+                          + (["--norm-impl", impl] if impl else []))
     task = tasks.setup_task(args)
     torch.manual_seed(0)
     model = task.build_model(args).to(device)
@@ -94,21 +99,26 @@ def train_round(model, criterion, optimizer, samples, device):
     return tokens / (time.perf_counter() - start)
 
 
-def measure(family, args):
-    """Median words/s of every run of ``family``, as label -> (words/s, its baseline's label)."""
+def measure(family, args, impls=("torch",)):
+    """Median words/s of every run of ``family`` (each plugin run once per implementation in
+    ``impls``), as label -> (words/s, its baseline's label)."""
     with tempfile.TemporaryDirectory() as tmp:
         data = families.corpus(family, Path(tmp), args.pairs)
         runs = families.runs(family, data, wmt=args.full_size)
         if args.only:  # the baselines stay
             runs = {label: run for label, run in runs.items() if label in args.only or label == run.baseline}
         size_args = [] if args.full_size else SMALL[family]
-        models, samples = {}, {}  # samples: the batches of each stock row's task, for its whole group
+        models, samples, baselines = {}, {}, {}  # samples: the batches of each stock row's task, for its group
         for label, run in runs.items():
-            task, model, criterion, optimizer = build(data, run, size_args, args.device,
-                                                      args.compile_norms and label != run.baseline)
-            if label == run.baseline:
-                samples[label] = [to_device(s, args.device) for s in batches(task, args.max_tokens, args.updates)]
-            models[label] = (model, criterion, optimizer, samples[run.baseline])
+            plugin = label != run.baseline
+            for impl in impls if plugin else (None,):
+                row = norms.label(label, impl)
+                task, model, criterion, optimizer = build(data, run, size_args, args.device,
+                                                          args.compile_norms and plugin, impl)
+                if not plugin:
+                    samples[label] = [to_device(s, args.device) for s in batches(task, args.max_tokens, args.updates)]
+                models[row] = (model, criterion, optimizer, samples[run.baseline])
+                baselines[row] = run.baseline
         for label in models:  # warm-up round (and compilation), not timed
             train_round(*models[label], args.device)
         wps = {label: [] for label in models}
@@ -118,7 +128,7 @@ def measure(family, args):
             rng.shuffle(order)
             for label in order:
                 wps[label].append(train_round(*models[label], args.device))
-    return {label: (statistics.median(wps[label]), run.baseline) for label, run in runs.items()}
+    return {row: (statistics.median(wps[row]), baselines[row]) for row in models}
 
 
 def main():
@@ -133,6 +143,9 @@ def main():
     ap.add_argument("--full-size", action="store_true", help="published dimensions (GPU)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", nargs="*", help="architectures to time (default: all)")
+    ap.add_argument("--impls", default=",".join(norms.IMPLS),
+                    help="implementations of the fused norms, comma-separated (default: %(default)s; "
+                         "triton needs a CUDA device)")
     ap.add_argument("--compile-norms", action="store_true",
                     help="normplug's models with --compile-norms (the stock models stay eager)")
     args = ap.parse_args()
@@ -140,17 +153,23 @@ def main():
     for family in chosen:
         if family not in families.FAMILIES:
             ap.error(f"unknown family {family!r}; choose from {', '.join(families.FAMILIES)}")
+    for impl in args.impls.split(","):
+        if impl not in norms.IMPLS:
+            ap.error(f"unknown impl {impl!r}; choose from {', '.join(norms.IMPLS)}")
+    impls, skipped = norms.available_impls(args.device, tuple(args.impls.split(",")))
+    for line in skipped:
+        print(line)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)  # fairseq's INFO lines (and inductor's) would bury the tables
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    norms = "compiled (--compile-norms)" if args.compile_norms else "eager"
+    norm_mode = "compiled (--compile-norms)" if args.compile_norms else "eager"
     for family in chosen:
-        median = measure(family, args)
+        median = measure(family, args, impls)
         dims = "published dimensions" if args.full_size else " ".join(SMALL[family])
         print(f"{family}: training throughput on {args.device} ({dims}), {args.updates} updates x "
-              f"{args.rounds} interleaved rounds, max tokens {args.max_tokens}, {norms} norms, "
+              f"{args.rounds} interleaved rounds, max tokens {args.max_tokens}, {norm_mode} norms, "
               f"{torch.get_num_threads()} thread(s); words/s = target tokens per second")
         print("ratios are to fairseq's stock model of the same shape and the same Pre/Post-Norm")
         print(f"{'architecture':50s} {'median wps':>11s} {'x stock':>8s}")

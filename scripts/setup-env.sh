@@ -44,7 +44,8 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
     fi
 fi
 
-# 2. runtime and test requirements (no torchaudio anywhere).
+# 2. runtime and test requirements (no torchaudio anywhere; triton, ~1 GB, for the
+# fused norms' tests on the CPU).
 pip install -q -r requirements.txt -r requirements-test.txt
 
 # 3. fairseq: the maintained fork on 3.11+, the official release below.

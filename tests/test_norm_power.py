@@ -552,6 +552,7 @@ def test_registered_with_options():
         "alpha_bkw": 0.9,
         "affine": True,
         "sync_stats": False,
+        "impl": "auto",
     }
     pn = create_norm("power", 16, groups=4, warmup_updates=3)
     assert isinstance(pn, PowerNorm) and pn.warmup_updates == 3

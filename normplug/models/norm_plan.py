@@ -12,6 +12,7 @@ from fairseq.models.transformer.transformer_config import TransformerConfig
 
 from ..errors import NormplugError
 from ..norms import NormConfigError, create_norm, norm_names, norm_options
+from ..norms.impl import IMPLS
 
 # Each norm site has one name: in plan keys, in flags (--{stack}-{site}-norm) and in logs
 # (enc0.self_attn, dec.final). Its module keeps fairseq's attribute name, so that a stock
@@ -58,6 +59,7 @@ NORM_OPTION_FLAGS = {
     "power_alpha_fwd": "alpha_fwd",
     "power_alpha_bkw": "alpha_bkw",
     "power_groups": "groups",
+    "norm_impl": "impl",
 }
 
 
@@ -112,6 +114,9 @@ def add_norm_args(parser, sites=SITES):
         add(f"--{stack}-ffn-init", choices=["pytorch", "xavier"],
             help=f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
                  "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)")
+    add("--norm-impl", choices=IMPLS,
+        help="fused norms' implementation: torch code, Triton kernels, or auto (default): "
+             "Triton for CUDA tensors when triton imports")
     add("--compile-norms", action="store_true", default=None,
         help="compile every plugin norm with torch.compile (first batches of each shape are slower)")
 

@@ -11,7 +11,6 @@ import torch.nn as nn
 from torch.distributed.nn.functional import all_reduce
 
 
-
 class Discrepancy(NamedTuple):
     """Batch vs population statistics of one layer on its last training batch.
 
@@ -47,10 +46,16 @@ def real_tokens(x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tens
     T, B, _ = x.shape
     if pad_mask is None:
         return torch.ones(T, B, 1, dtype=torch.bool, device=x.device)
-    if pad_mask.shape != (B, T):
+    check_pad_mask(x, pad_mask)
+    return ~pad_mask.t().unsqueeze(-1).to(torch.bool).contiguous()
+
+
+def check_pad_mask(x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> None:
+    """A ValueError unless ``pad_mask`` is None or B×T for x of shape T×B×C."""
+    T, B, _ = x.shape
+    if pad_mask is not None and pad_mask.shape != (B, T):
         raise ValueError(f"pad_mask must be B×T = {(B, T)} for x of shape T×B×C "
                          f"(True at padding), got {tuple(pad_mask.shape)}")
-    return ~pad_mask.t().unsqueeze(-1).to(torch.bool).contiguous()
 
 
 def masked_sum(t: torch.Tensor, sync: bool) -> torch.Tensor:

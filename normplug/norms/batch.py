@@ -2,7 +2,8 @@
 import torch
 import torch.nn as nn
 
-from .base import BatchStatNorm, masked_sum, real_count, real_tokens
+from .base import BatchStatNorm, check_pad_mask, masked_sum, real_count, real_tokens
+from .impl import check_impl, use_triton
 from .per_token import upcast
 from .registry import check_choice, check_option, register_norm
 
@@ -15,14 +16,15 @@ class MaskedBatchNorm(BatchStatNorm):
     updates the running statistics by EMA with ``momentum``; eval normalises with the
     running statistics, or with the test batch's own (``test_stats="batch"``, the
     paper's ablation). ``sync_stats`` sums the statistics over distributed workers.
-    Padded positions output 0 and never enter a statistic.
+    Padded positions output 0 and never enter a statistic. ``impl`` picks the plain torch
+    code below or the fused Triton kernels of triton_batch.py (see impl.py).
     """
 
     supports_rbn = True
     float32_buffers = ("running_mean", "running_var")
 
     def __init__(self, dim, *, eps=1e-5, momentum=0.05, affine=True, test_stats="population",
-                 sync_stats=False):
+                 sync_stats=False, impl="auto"):
         super().__init__()
         check_option("batch", "eps", eps, "a number > 0", lambda v: v > 0)
         check_option("batch", "momentum", momentum, "in the range (0, 1]", lambda v: 0 < v <= 1)
@@ -31,6 +33,7 @@ class MaskedBatchNorm(BatchStatNorm):
         check_choice("batch", "sync_stats", sync_stats, (True, False))
         self.eps, self.momentum = float(eps), float(momentum)
         self.affine, self.test_stats, self.sync_stats = affine, test_stats, sync_stats
+        self.impl = check_impl("batch", impl)
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
         self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
         self.register_buffer("running_mean", torch.zeros(dim))
@@ -39,7 +42,8 @@ class MaskedBatchNorm(BatchStatNorm):
 
     def extra_repr(self):
         return (f"{self.running_mean.shape[0]}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, test_stats={self.test_stats!r}, sync_stats={self.sync_stats}")
+                f"affine={self.affine}, test_stats={self.test_stats!r}, sync_stats={self.sync_stats}, "
+                f"impl={self.impl!r}")
 
     @property
     def uses_batch_stats_in_eval(self):
@@ -63,6 +67,8 @@ class MaskedBatchNorm(BatchStatNorm):
         return mean, var, count
 
     def forward(self, x, pad_mask=None):
+        if use_triton(self.impl, x):
+            return self._forward_fused(x, pad_mask)
         real = real_tokens(x, pad_mask)
         h = torch.where(real, upcast(x), 0)  # whatever padding holds never reaches a statistic
         if self.training or self.test_stats == "batch":
@@ -76,6 +82,17 @@ class MaskedBatchNorm(BatchStatNorm):
         if self.affine:
             y = y * self.weight + self.bias
         return torch.where(real, y, 0).to(x.dtype)
+
+    def _forward_fused(self, x, pad_mask):
+        from .triton_batch import batch_norm  # imports triton, which the torch path never needs
+        check_pad_mask(x, pad_mask)
+        y, mean, var = batch_norm(
+            x, pad_mask, self.weight, self.bias, self.running_mean, self.running_var,
+            self.num_batches_tracked, eps=self.eps, momentum=self.momentum,
+            batch_stats=self.training or self.test_stats == "batch",
+            update_running=self.training, sync=self._sync())
+        self._batch_stats = (mean, var) if self.training else None
+        return y
 
     @torch.no_grad()
     def _update_running(self, mean, var, count):

@@ -2,7 +2,8 @@
 import torch
 import torch.nn as nn
 
-from .base import BatchStatNorm, masked_sum, real_count, real_tokens
+from .base import BatchStatNorm, check_pad_mask, masked_sum, real_count, real_tokens
+from .impl import check_impl, use_triton
 from .per_token import upcast
 from .registry import NormConfigError, check_choice, check_option, register_norm
 
@@ -38,12 +39,13 @@ class PowerNorm(BatchStatNorm):
     the first ``warmup_updates`` updates and by its running value ψ² afterwards and at
     inference; ψ² follows the released update rule. The warm-up counts updates:
     fairseq calls ``set_num_updates`` with the updates done before every training step.
+    ``impl`` picks the plain torch code below or the fused Triton kernels of triton_batch.py.
     """
 
     float32_buffers = ("running_psi2", "nu")
 
     def __init__(self, dim, *, eps=1e-5, groups=1, warmup_updates=8000, alpha_fwd=0.9,
-                 alpha_bkw=0.9, affine=True, sync_stats=False):
+                 alpha_bkw=0.9, affine=True, sync_stats=False, impl="auto"):
         super().__init__()
         check_option("power", "eps", eps, "a number > 0", lambda v: v > 0)
         check_option("power", "groups", groups, "a positive int", lambda v: isinstance(v, int) and v > 0)
@@ -59,6 +61,7 @@ class PowerNorm(BatchStatNorm):
         self.eps, self.groups, self.warmup_updates = float(eps), groups, warmup_updates
         self.alpha_fwd, self.alpha_bkw = float(alpha_fwd), float(alpha_bkw)
         self.affine, self.sync_stats = affine, sync_stats
+        self.impl = check_impl("power", impl)
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
         self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
         self.register_buffer("running_psi2", torch.ones(dim))  # ψ²
@@ -68,7 +71,8 @@ class PowerNorm(BatchStatNorm):
     def extra_repr(self):
         return (f"{self.nu.shape[0]}, eps={self.eps}, groups={self.groups}, "
                 f"warmup_updates={self.warmup_updates}, alpha_fwd={self.alpha_fwd}, "
-                f"alpha_bkw={self.alpha_bkw}, affine={self.affine}, sync_stats={self.sync_stats}")
+                f"alpha_bkw={self.alpha_bkw}, affine={self.affine}, sync_stats={self.sync_stats}, "
+                f"impl={self.impl!r}")
 
     def set_num_updates(self, num_updates):
         self.num_updates.fill_(num_updates)
@@ -89,6 +93,8 @@ class PowerNorm(BatchStatNorm):
         return (g * torch.rsqrt(g.square().mean(-1, keepdim=True) + GROUP_EPS)).reshape(T, B, C)
 
     def forward(self, x, pad_mask=None):
+        if use_triton(self.impl, x):
+            return self._forward_fused(x, pad_mask)
         real = real_tokens(x, pad_mask)
         z = self._group_scale(torch.where(real, upcast(x), 0))  # 0 at padding
         if self.training:
@@ -107,6 +113,17 @@ class PowerNorm(BatchStatNorm):
         self._batch_stats = (None, sigma2) if self.training else None
         y = zhat * self.weight + self.bias if self.affine else zhat
         return torch.where(real, y, 0).to(x.dtype)
+
+    def _forward_fused(self, x, pad_mask):
+        from .triton_batch import power_norm  # imports triton, which the torch path never needs
+        check_pad_mask(x, pad_mask)
+        y, sigma2 = power_norm(
+            x, pad_mask, self.weight, self.bias, self.running_psi2, self.nu, self.num_updates,
+            eps=self.eps, groups=self.groups, group_eps=GROUP_EPS,
+            warmup_updates=self.warmup_updates, alpha_fwd=self.alpha_fwd,
+            alpha_bkw=self.alpha_bkw, training=self.training, sync=self._sync())
+        self._batch_stats = (None, sigma2) if self.training else None
+        return y
 
     @torch.no_grad()
     def _update_psi2(self, sigma2, step, has_tokens):
