@@ -40,7 +40,7 @@ class Run(NamedTuple):
 
 def corpus(family, workdir: Path, lines: int) -> Path:
     """The family's binarized synthetic data in workdir, ``lines`` training sentences (pairs)."""
-    from recipes import fairseq_exe
+    from normplug.recipes import fairseq_exe
     from synthetic import binarize, generate
 
     raw = workdir / "raw"

@@ -277,7 +277,7 @@ def binarize(out_dir, bin_dir, workers=1):
     out, dest = Path(out_dir), Path(bin_dir)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    from recipes import fairseq_exe  # next to the running python (a venv's bin/), else on PATH
+    from normplug.recipes import fairseq_exe  # next to the running python, else on PATH
 
     cmd = [
         fairseq_exe("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",

@@ -12,8 +12,8 @@ import torch
 
 from conftest import REPO, TINY_MODEL
 
-import recipes
-from recipes import load_config
+from normplug import recipes
+from normplug.recipes import load_config
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 DEMO_CONFIGS = sorted((REPO / "configs" / "demo").glob("*.yaml"))

@@ -390,24 +390,26 @@ def test_fairseq_checks_the_train_flags(tmp_path, edit, message):
     recipes.check_flags(recipe, recipes.train_argv(load_config(good), gpu=False, exe=False))
 
 
-def _cli(*args, home=None):
+def _cli(*args):
     """``python -m normplug.recipes ARGS`` as a user runs it (normplug-recipe)."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", **({"HOME": str(home)} if home else {}),
+    env = {"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})}
     return subprocess.run([sys.executable, "-m", "normplug.recipes", *map(str, args)],
                           capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_bad_config_on_the_command_line(tmp_path):
+def test_bad_config_on_the_command_line(tmp_path, capsys):
+    """Every command: one line and exit status 2 (in process, as the console script runs main)."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.replace("  lenpen: 1.0\n", ""))
     for command in ("train", "evaluate", "reproduce", "table", "argv", "check"):
-        proc = _cli(command, bad)
-        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
-        assert proc.stderr.splitlines() == [f"normplug: error: {bad}: evaluate: missing key 'lenpen' "
-                                            f"(valid keys: {', '.join(recipes.TRANSLATION_EVALUATE_KEYS)})"], proc.stderr
-    missing = _cli("train", tmp_path / "no.yaml")
-    assert missing.returncode == 2 and "no.yaml: config file not found" in missing.stderr
+        assert recipes.main([command, str(bad)]) == 2, command
+        assert capsys.readouterr().err.splitlines() == [
+            f"normplug: error: {bad}: evaluate: missing key 'lenpen' "
+            f"(valid keys: {', '.join(recipes.TRANSLATION_EVALUATE_KEYS)})"], command
+    missing = _cli("train", tmp_path / "no.yaml")  # python -m normplug.recipes
+    assert missing.returncode == 2 and missing.stderr.splitlines() == [
+        f"normplug: error: {tmp_path / 'no.yaml'}: config file not found"]
 
 
 def test_check_refuses_a_missing_data_folder(tmp_path, capsys):
@@ -467,7 +469,7 @@ def _config_on(tmp_path, data, remove_bpe="null"):
     return path
 
 
-def test_data_made_with_another_bpe_is_refused(tmp_path):
+def test_data_made_with_another_bpe_is_refused(tmp_path, capsys):
     """prepare.json (scripts/prepare-*.sh) says which --remove-bpe the data needs."""
     data = tmp_path / "data"
     data.mkdir()
@@ -482,9 +484,9 @@ def test_data_made_with_another_bpe_is_refused(tmp_path):
     assert "\n" not in text and 'remove_bpe is "@@ ", but the data needs null' in text
     recipes.check_data(load_config(_config_on(tmp_path, data, remove_bpe="null")))
     # on the command line: one error line, before any decoding
-    proc = _cli("evaluate", config, "--checkpoint-dir", tmp_path / "none", home=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"normplug: error: {text}"]
+    capsys.readouterr()
+    assert recipes.main(["evaluate", str(config), "--checkpoint-dir", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"normplug: error: {text}"]
 
 
 def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
