@@ -11,8 +11,10 @@ from typing import Iterator, List, NamedTuple, Optional
 
 import torch
 
+from normplug.errors import NormplugError
 
-class ToolError(Exception):
+
+class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
 
 
@@ -52,6 +54,7 @@ def add_data_args(group, split: str, purpose: str):
 
 
 def check_data_args(args):
+    """The batching options are positive."""
     for flag in ("max_tokens", "max_batches", "batch_size"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
@@ -157,7 +160,7 @@ def load_model(path: str, data: Optional[str] = None):
     overrides = {"data": str(data_dir)}
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
-    except SystemExit as err:  # normplug's own one-line configuration errors
+    except NormplugError as err:  # normplug's own one-line configuration errors
         raise ToolError(f"cannot build the model of {path}: {err}") from None
     except Exception as err:
         raise ToolError(f"cannot load the model of {path} with data {data_dir}: {first_line(err)}") from None
