@@ -1,14 +1,10 @@
-"""The config format: one YAML file per published row, read into a :class:`Recipe`.
-
-A config may start with ``base: FILE`` (relative to its folder, itself possibly with a base):
-mappings merge key by key, the config's values winning; any other value replaces the base's.
-Paths in a config (``data``) and the default save dir ``checkpoints/<name>`` are relative to
-the current directory, as fairseq's own paths are.
-"""
+"""The config format: one YAML file per published row (``base: FILE`` merged in), read into a
+:class:`Recipe`. ``data`` and the default save dir ``checkpoints/<name>`` are relative to the
+current directory, as fairseq's paths are."""
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import yaml
 
@@ -27,13 +23,8 @@ CHECKPOINT_KEYS = {  # which checkpoint is evaluated: exactly one of the three
 }
 CHECKPOINT_CHOICES = tuple(CHECKPOINT_KEYS)
 TRANSLATION_EVALUATE_KEYS = {
-    **CHECKPOINT_KEYS,
-    "gen_subset": ("test", (str,)),
-    "beam": (REQUIRED, (int,)),
-    "lenpen": (REQUIRED, (int, float)),
-    "max_len_a": (REQUIRED, (int, float)),
-    "max_len_b": (REQUIRED, (int,)),
-    "batch_size": (128, (int,)),
+    **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)), "beam": (REQUIRED, (int,)), "lenpen": (REQUIRED, (int, float)),
+    "max_len_a": (REQUIRED, (int, float)), "max_len_b": (REQUIRED, (int,)), "batch_size": (128, (int,)),
     "remove_bpe": (REQUIRED, (str, type(None))),    # fairseq --remove-bpe value; null = none
     "lowercase": (False, (bool,)),                  # lowercase hyps and refs (both BLEUs)
     "compound_split": (False, (bool,)),             # ##AT##-##AT## splitting (WMT)
@@ -43,8 +34,7 @@ TRANSLATION_EVALUATE_KEYS = {
     "sacrebleu_test_set": (None, (str, type(None))),
 }
 LM_EVALUATE_KEYS = {
-    **CHECKPOINT_KEYS,
-    "gen_subset": ("test", (str,)),
+    **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)),
     "batch_size": (10, (int,)),  # fairseq-eval-lm --batch-size (windows)
     # fairseq's sliding window: each window of the training length scores its last
     # (length - context_window) tokens with the context_window tokens before them
@@ -93,6 +83,7 @@ class Recipe:
 
     @property
     def task(self) -> str:
+        """The fairseq task (translation unless train: says)."""
         return task_name(self.train)
 
     def train_value(self, flag: str):
@@ -132,7 +123,7 @@ def _checked(where: str, given: dict, spec: dict) -> dict:
 
 
 class _DuplicateKey(Exception):
-    pass
+    """A key given twice in one YAML mapping."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -244,16 +235,13 @@ def check_language_model(recipe: Recipe):
                           f"training length {length} minus at least one scored token), got {context}")
 
 
-@dataclass(frozen=True)
-class TaskFormat:
+class TaskFormat(NamedTuple):
     """The config keys of one fairseq task and the checks beyond them."""
     top_keys: Dict[str, tuple]
     evaluate_keys: Dict[str, tuple]
     check: Callable
 
 
-TASKS = {
-    "translation": TaskFormat({"source_lang": (REQUIRED, (str,)), "target_lang": (REQUIRED, (str,))},
-                              TRANSLATION_EVALUATE_KEYS, check_translation),
-    "language_modeling": TaskFormat({}, LM_EVALUATE_KEYS, check_language_model),
-}
+TASKS = {"translation": TaskFormat({"source_lang": (REQUIRED, (str,)), "target_lang": (REQUIRED, (str,))},
+                                   TRANSLATION_EVALUATE_KEYS, check_translation),
+         "language_modeling": TaskFormat({}, LM_EVALUATE_KEYS, check_language_model)}
