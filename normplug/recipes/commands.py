@@ -1,14 +1,18 @@
-"""The fairseq command lines of a recipe: fairseq-train, fairseq-generate, fairseq-eval-lm."""
+"""The fairseq command lines of a recipe (fairseq-train, fairseq-generate, fairseq-eval-lm), and
+the driver's child processes and files."""
 import contextlib
 import io
 import logging
+import os
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import normplug
+from normplug.tools.common import atomic_path
 
 from .config import ConfigError, Recipe
 
@@ -164,3 +168,39 @@ def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, data=None, gpu
             "--sample-break-mode", "none", "--tokens-per-sample", str(recipe.train_value("tokens-per-sample")),
             "--context-window", str(context_window), "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
     return argv + ([] if use_gpu(gpu) else ["--cpu"]) + list(extra)
+
+
+def child_env(threads: Optional[int] = None) -> Dict[str, str]:
+    """The environment of every child: this process's normplug first on the path (for
+    ``python -m normplug.tools.*``); ``threads`` caps the BLAS/OpenMP threads."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN_DIR.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
+    if threads:
+        env.update({v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+    return env
+
+
+def run_logged(argv, log_path=None, echo=None, env=None) -> Tuple[int, str]:
+    """Run a command, its output (stdout and stderr) to ``log_path`` and, line by line, to
+    ``echo``. Returns (exit status, output)."""
+    lines = []
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "w", encoding="utf-8")) if log_path else None
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env or child_env(), bufsize=1)
+        for line in proc.stdout:
+            lines.append(line)
+            if log:
+                log.write(line)
+                log.flush()
+            if echo:
+                echo(line)
+        rc = proc.wait()
+    return rc, "".join(lines)
+
+
+def write_atomic(path: Path, text: str):
+    """Write a whole file or nothing: a reader never sees a half-written one."""
+    with atomic_path(str(path)) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import check_flags, merged_flags, recipe_changes, split_extra, train_argv
+from .commands import (check_flags, child_env, merged_flags, recipe_changes, run_logged, split_extra, train_argv,
+                       write_atomic)
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
-from .process import child_env, run_logged, write_atomic
 from .scoring import SCORING
 
 RUN_RECORD = "normplug-run.json"  # in a save dir: the flags, data, device and exit status of its run

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .commands import eval_lm_argv, generate_argv
+from .commands import child_env, eval_lm_argv, generate_argv, run_logged
 from .config import ConfigError, Recipe
-from .process import child_env, run_logged
 
 
 def parse_generate(text: str) -> Tuple[List[str], List[str]]:

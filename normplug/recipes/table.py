@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .commands import check_flags, merged_flags, split_extra, train_argv
+from .commands import check_flags, merged_flags, split_extra, train_argv, write_atomic
 from .config import ConfigError, Recipe, load_config
-from .process import write_atomic
 from .runs import (check_data, data_identity, describe_choice, evaluate, read_json, read_run_record,
                    refuse_other_data, train)
 from .scoring import SCORING
