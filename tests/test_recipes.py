@@ -523,8 +523,13 @@ def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
     (run / recipes.RUN_RECORD).write_text(json.dumps({**record, "data": str(other)}))
     with pytest.raises(ConfigError, match="holds a run on other data"):  # same folder, another dictionary
         recipes.train(recipe, run, data=other)
+    # a record of an older driver names no dictionaries: its data folder is compared
+    (run / recipes.RUN_RECORD).write_text(json.dumps({k: v for k, v in record.items() if k != "dictionaries"}))
+    assert recipes.train(recipe, run, log=said.append) == 0 and said[-1].endswith("reusing the finished run in " + str(run))
+    with pytest.raises(ConfigError, match="holds a run on other data"):
+        recipes.train(recipe, run, data=other)
     (run / recipes.RUN_RECORD).write_text(json.dumps(record))
-    assert {p.name: p.read_bytes() for p in run.iterdir()} == before and len(said) == 1
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before and len(said) == 2
 
 
 def test_scores_record_their_data(tmp_path, tiny_data):
