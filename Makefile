@@ -10,7 +10,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 demo: setup
-	bash scripts/demo.sh
+	PYTHONWARNINGS=ignore $(PY) scripts/demo.py
 
 clean-venv:
 	rm -rf .venv

@@ -30,6 +30,7 @@ setup(
             "normplug-path = normplug.tools.path:main",
             "normplug-tid = normplug.tools.tid:main",
             "normplug-average = normplug.tools.average:main",
+            "normplug-recipe = normplug.recipes.cli:main",
         ]
     },
 )

@@ -1,13 +1,13 @@
-"""The demo behind ``make demo`` / ``scripts/demo.sh``: the whole pipeline on a toy task, CPU.
+"""The demo behind ``make demo``: the whole pipeline on a toy task, CPU.
 
 1. corpus   seeded synthetic corpus (scripts/synthetic.py, seed 1), binarized (once)
 2. train    LN, BN and RBN Post-Norm Transformers (configs/demo/{ln,bn,rbn}.yaml) side by
-            side, through the driver's train() (scripts/recipes.py, as scripts/train.sh)
+            side, through the driver's train() (normplug-recipe train)
 3. evaluate the driver's evaluate() on each final checkpoint: sacreBLEU and tokenized BLEU
 4. TID      normplug-tid on the epoch checkpoints of BN and RBN (valid split)
 5. table    norm | BLEU | mean TID | var TID, printed and written to OUT/results.md
 
-Everything goes under --out (default demo-out/ at the repository root). A second run reuses
+Everything goes under --out (default demo-out/ in the current directory). A second run reuses
 the corpus and the finished trainings; --force redoes everything.
 """
 import argparse
@@ -23,10 +23,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import recipes
+from normplug.recipes import child_env, evaluate, fmt, load_config, run_logged, train, write_atomic, write_csv
 from normplug.tools.common import numbered_checkpoints
 
-REPO = recipes.REPO
+SCRIPTS = Path(__file__).resolve().parent
 KINDS = ("ln", "bn", "rbn")
 TID_KINDS = ("bn", "rbn")
 SEED = 1
@@ -36,36 +36,36 @@ def say(msg=""):
     print(msg, flush=True)
 
 
-def build_corpus(out: Path, train_pairs: int, force: bool) -> Path:
+def build_corpus(out: Path, train_pairs: int, force: bool):
+    """The binarized corpus, and whether it was (re)built: runs on an older one are stale."""
     raw, binary = out / "data" / "synthetic", out / "data-bin" / "synthetic"
-    stamp = binary / "normplug-demo.json"
+    stamp, log = binary / "normplug-demo.json", out / "logs" / "corpus.log"
     wanted = {"seed": SEED, "train": train_pairs, "valid": 500, "test": 500}
     if not force and stamp.exists() and json.loads(stamp.read_text()) == wanted:
         say(f"[corpus] {binary} already built (seed {SEED}, {train_pairs} training pairs): skipped")
-        return binary
+        return binary, False
     say(f"[corpus] generating {train_pairs} training pairs (seed {SEED}) and binarizing ...")
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    rc, text = recipes._run([sys.executable, str(REPO / "scripts" / "synthetic.py"), "--out", str(raw),
-                             "--seed", str(SEED), "--train", str(train_pairs), "--valid", "500",
-                             "--test", "500", "--binarize", str(binary)], out / "logs" / "corpus.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    rc, text = run_logged([sys.executable, str(SCRIPTS / "synthetic.py"), "--out", str(raw), "--seed", str(SEED),
+                           "--train", str(train_pairs), "--valid", "500", "--test", "500",
+                           "--binarize", str(binary)], log)
     if rc != 0:
-        raise SystemExit(f"demo: corpus generation failed; see {out / 'logs' / 'corpus.log'}\n{text[-2000:]}")
-    recipes.write_atomic(stamp, json.dumps(wanted))
-    return binary
+        raise SystemExit(f"demo: corpus generation failed; see {log}\n{text[-2000:]}")
+    write_atomic(stamp, json.dumps(wanted))
+    return binary, True
 
 
 def train_one(recipe, save: Path, data: Path, extra, threads: int):
     """The driver's train(), its progress shown as one line per validation."""
-    t0 = time.time()
-    kind = save.name
+    t0, kind = time.time(), save.name
 
     def progress(line):
         m = re.search(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", line)
         if m:
             say(f"[train] {kind:>3}: epoch {int(m[1]):>3}  valid loss {m[2]}  ({time.time() - t0:.0f}s)")
 
-    rc = recipes.train(recipe, save, extra, data, gpu=False, threads=threads, echo=progress,
-                       log=lambda msg: say(f"[train] {kind:>3}: {msg}"))
+    rc = train(recipe, save, extra, data, gpu=False, threads=threads, echo=progress,
+               log=lambda msg: say(f"[train] {kind:>3}: {msg}"))
     if rc != 0:
         tail = (save / "train.log").read_text(errors="replace").splitlines()[-25:]
         raise SystemExit(f"demo: training {kind} failed (exit {rc}); see {save / 'train.log'}\n" + "\n".join(tail))
@@ -73,14 +73,13 @@ def train_one(recipe, save: Path, data: Path, extra, threads: int):
 
 
 def run_tid(out: Path, data: Path, recipe, kind: str):
-    """normplug-tid on a run's epoch checkpoints (valid split), at the training batch size
-    (TID depends on it). Returns [(epoch, mean TID, var TID)] averaged over the BN layers."""
-    ckpts = numbered_checkpoints(str(out / kind), "epoch")
+    """normplug-tid on a run's epoch checkpoints (valid split) at the training batch size (TID
+    depends on it). Returns [(epoch, mean TID, var TID)] averaged over the BN layers."""
     csv_path = out / f"tid-{kind}.csv"
-    argv = [sys.executable, "-m", "normplug.tools.tid", *ckpts, "--data", str(data), "--split", "valid",
-            "--max-tokens", str(recipe.train["max-tokens"]), "--csv", str(csv_path),
-            "--plot", str(out / f"tid-{kind}.png"), "--cpu"]
-    rc, text = recipes._run(argv, out / kind / "tid.log", env=recipes.child_env(1))
+    argv = [sys.executable, "-m", "normplug.tools.tid", *numbered_checkpoints(str(out / kind), "epoch"),
+            "--data", str(data), "--split", "valid", "--max-tokens", str(recipe.train["max-tokens"]),
+            "--csv", str(csv_path), "--plot", str(out / f"tid-{kind}.png"), "--cpu"]
+    rc, text = run_logged(argv, out / kind / "tid.log", env=child_env(1))
     if rc != 0:
         raise SystemExit(f"demo: normplug-tid failed on {kind}; see {out / kind / 'tid.log'}\n{text[-2000:]}")
     layers = {}
@@ -122,9 +121,8 @@ def write_table(out: Path, scores, tid_points):
              "tid_mean": tid_points[kind][-1][1] if kind in tid_points else None,
              "tid_var": tid_points[kind][-1][2] if kind in tid_points else None,
              "checkpoint": scores[kind]["checkpoint"]} for kind in KINDS]
-    f = recipes._fmt
     lines = ["| norm | BLEU | mean TID | var TID |", "|---|---|---|---|"]
-    lines += [f"| {r['norm']} | {f(r['bleu'], 1)} | {f(r['tid_mean'], 4)} | {f(r['tid_var'], 4)} |" for r in rows]
+    lines += [f"| {r['norm']} | {fmt(r['bleu'], 1)} | {fmt(r['tid_mean'], 4)} | {fmt(r['tid_var'], 4)} |" for r in rows]
     md = ["# normplug demo results", "",
           "Synthetic corpus (scripts/synthetic.py, seed 1); small Post-Norm Transformers trained on "
           "CPU (configs/demo/). BLEU = sacreBLEU on the test set (500 pairs); TID = training–inference "
@@ -132,42 +130,37 @@ def write_table(out: Path, scores, tid_points):
           "(normplug-tid). LN has no BN layer: no TID.", "", *lines, "",
           f"sacreBLEU signature: `{scores['ln']['sacrebleu_signature']}`", "",
           "Tokenized BLEU (fairseq scorer): " + ", ".join(f"{r['norm']} {r['tokenized_bleu']:.1f}" for r in rows), ""]
-    recipes.write_atomic(out / "results.md", "\n".join(md))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
-    recipes.write_atomic(out / "results.csv", buf.getvalue())
+    write_atomic(out / "results.md", "\n".join(md))
+    write_csv(out / "results.csv", rows, list(rows[0]))
     return lines
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="scripts/demo.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", default=str(REPO / "demo-out"), help="output folder (default %(default)s)")
+    ap.add_argument("--out", default="demo-out", help="output folder (default %(default)s)")
     ap.add_argument("--train-pairs", type=int, default=20000, help="synthetic training pairs (default %(default)s)")
     ap.add_argument("--epochs", type=int, help="override the configs' max-epoch (5)")
     ap.add_argument("--threads", type=int, help="threads per training (default: cores // 3, at least 1)")
     ap.add_argument("--force", action="store_true", help="rebuild the corpus and retrain")
     args = ap.parse_args(argv)
 
-    t_start = time.time()
+    t_start, timing = time.time(), {}
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     threads = args.threads or max(1, cores // len(KINDS))
     extra = ["--max-epoch", str(args.epochs)] if args.epochs else []
-    configs = {kind: recipes.load_config(REPO / "configs" / "demo" / f"{kind}.yaml") for kind in KINDS}
+    configs = {kind: load_config(SCRIPTS.parent / "configs" / "demo" / f"{kind}.yaml") for kind in KINDS}
     say(f"normplug demo -> {out}  ({cores} cores)")
-    timing = {}
 
     t = time.time()
-    data = build_corpus(out, args.train_pairs, args.force)
+    data, rebuilt = build_corpus(out, args.train_pairs, args.force)
     timing["corpus"] = time.time() - t
 
     t = time.time()
-    if args.force:
+    if rebuilt:
         for kind in KINDS:
             shutil.rmtree(out / kind, ignore_errors=True)
     say(f"[train] {', '.join(KINDS)} side by side ({threads} thread(s) each); logs: {out}/<norm>/train.log")
@@ -180,7 +173,7 @@ def main(argv=None):
     say("[eval] decoding the test set (beam 5) and scoring; [tid] normplug-tid on the BN/RBN epoch "
         "checkpoints (valid split) ...")
     with ThreadPoolExecutor(max(2, cores)) as pool:
-        evals = {k: pool.submit(recipes.evaluate, configs[k], out / k, data, log=lambda msg: None) for k in KINDS}
+        evals = {k: pool.submit(evaluate, configs[k], out / k, data, log=lambda msg: None) for k in KINDS}
         tids = {k: pool.submit(run_tid, out, data, configs[k], k) for k in TID_KINDS}
         scores = {k: run.result() for k, run in evals.items()}
         tid_points = {k: run.result() for k, run in tids.items()}

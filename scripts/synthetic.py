@@ -1,19 +1,11 @@
-"""A seeded synthetic parallel corpus shaped like translation (data/README.md describes it):
-a German-like source and an English-like target of pseudo-words, with a lexicon (a few
-adverbs translate to two words), noun-class agreement of target determiners and adjectives,
-local reordering (``DET ADJ* NOUN`` -> ``DET NOUN ADJ*``) and long-distance reordering
-(verb-second main clauses and verb-final subordinate clauses in the source; the target is
-always ``SUBJ [ADV] VERB [OBJ] [PP]``). Zipf-distributed words (weight 1/rank within each
-class, about 3,000 source types), sentences of 3 to 60 tokens, mean about 20.
-
-Only :class:`random.Random` with fixed seeds and no set or hash ordering: the same seeds give
-byte-identical files on every Python. The lexicon has its own seed (``--lexicon-seed``), so
-corpora of different ``--seed`` values are samples of the same language pair.
+"""A seeded synthetic parallel corpus shaped like translation (data/README.md describes it): a
+German-like source and an English-like target of pseudo-words, with a lexicon, noun-class
+agreement, local (``DET ADJ* NOUN`` -> ``DET NOUN ADJ*``) and long-distance reordering (verb-second
+and verb-final source clauses), Zipf-distributed words (about 3,000 source types), 3 to 60 tokens.
+Only :class:`random.Random` with fixed seeds, no set or hash ordering: the same seeds give
+byte-identical files on every Python; the lexicon has its own seed (``--lexicon-seed``).
 
     python scripts/synthetic.py --out data/synthetic --seed 1 [--binarize data/data-bin/synthetic]
-
-writes ``{train,valid,test}.{src,tgt}`` (tokenized, lowercase, for ``fairseq-preprocess
---source-lang src --target-lang tgt``) and ``lexicon.tsv``.
 """
 import argparse
 import bisect
@@ -26,17 +18,9 @@ from pathlib import Path
 import random
 
 # Sizes of the source vocabulary by word class (about 3,000 types in all).
-SIZES = {
-    "noun": 1800,
-    "adj": 450,
-    "verb_t": 330,  # transitive
-    "verb_i": 170,  # intransitive
-    "adv": 150,
-    "prep": 25,
-    "pron": 8,
-    "comp": 6,  # subordinating conjunctions: introduce a verb-final clause
-    "conj": 3,  # coordinating conjunctions: introduce another main clause
-}
+# comp: subordinating conjunctions (a verb-final clause); conj: coordinating (another main clause)
+SIZES = {"noun": 1800, "adj": 450, "verb_t": 330, "verb_i": 170, "adv": 150, "prep": 25, "pron": 8,
+         "comp": 6, "conj": 3}
 N_CLASSES = 3
 CLASS_WEIGHTS = (0.4, 0.35, 0.25)
 ADJ_SUFFIXES = ("a", "o", "i")  # target adjective ending per noun class
@@ -70,11 +54,7 @@ def _pseudo_word(rng, sounds, n_syll, final_coda=None):
 
 
 def _syllables_for_rank(rng, rank):
-    if rank < 30:
-        return 1
-    if rank < 400:
-        return 2
-    return rng.choice((2, 3, 3))
+    return 1 if rank < 30 else 2 if rank < 400 else rng.choice((2, 3, 3))
 
 
 class Lexicon:
@@ -100,14 +80,10 @@ class Lexicon:
         self.adj_forms = {}  # source adjective -> tuple of target forms per class
         # Target adjectives first: each reserves its stem and its class forms.
         consonant = lambda r: r.choice(["n", "r", "ll", "ss", "x", "ck", "nd", "st"])
-        adj_stems = [
-            fresh(TGT_SOUNDS, tgt_used, r, consonant, ADJ_SUFFIXES) for r in range(SIZES["adj"])
-        ]
+        adj_stems = [fresh(TGT_SOUNDS, tgt_used, r, consonant, ADJ_SUFFIXES) for r in range(SIZES["adj"])]
         # Determiners: source has two (definite, indefinite), the target six.
         self.src_det = (fresh(SRC_SOUNDS, src_used, 0), fresh(SRC_SOUNDS, src_used, 0))
-        self.tgt_det = tuple(
-            tuple(fresh(TGT_SOUNDS, tgt_used, 0) for _ in range(N_CLASSES)) for _ in range(2)
-        )
+        self.tgt_det = tuple(tuple(fresh(TGT_SOUNDS, tgt_used, 0) for _ in range(N_CLASSES)) for _ in range(2))
         for w in self.src_det:
             self.category[w] = "det"
         self.words["det"] = list(self.src_det)
@@ -154,14 +130,12 @@ class Lexicon:
             for cat, ws in self.words.items():
                 for w in ws:
                     if cat == "det":
-                        d = self.src_det.index(w)
-                        tgt = "|".join(self.tgt_det[d])
+                        tgt = "|".join(self.tgt_det[self.src_det.index(w)])
                     elif cat == "adj":
                         tgt = "|".join(self.adj_forms[w])
                     else:
                         tgt = self.tr[w]
-                    cls = self.noun_class.get(w, "")
-                    f.write(f"{w}\t{cat}\t{cls}\t{tgt}\n")
+                    f.write(f"{w}\t{cat}\t{self.noun_class.get(w, '')}\t{tgt}\n")
 
 
 class Generator:
@@ -235,13 +209,9 @@ class Generator:
                 return " ".join(src), " ".join(tgt)
 
 
-def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500,
-             lexicon_seed=DEFAULT_LEXICON_SEED):
-    """Write ``{train,valid,test}.{src,tgt}`` and ``lexicon.tsv`` to out_dir.
-
-    Valid and test hold no source sentence that is also in train (nor in each
-    other). Returns a dict of split name -> number of pairs.
-    """
+def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500, lexicon_seed=DEFAULT_LEXICON_SEED):
+    """Write ``{train,valid,test}.{src,tgt}`` (tokenized, lowercase) and ``lexicon.tsv`` to out_dir;
+    valid and test share no source sentence with train or each other. Returns {split: pairs}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lex = Lexicon(lexicon_seed)
@@ -252,9 +222,8 @@ def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500,
         pairs = []
         while len(pairs) < n:
             s, t = gen.pair()
-            if split != "train":
-                if s in seen:
-                    continue
+            if split != "train" and s in seen:
+                continue
             seen.add(s)
             pairs.append((s, t))
         for side, k in (("src", 0), ("tgt", 1)):
@@ -269,23 +238,17 @@ def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500,
 
 
 def binarize(out_dir, bin_dir, workers=1):
-    """Binarize a corpus written by :func:`generate` into bin_dir (joined dictionary).
-
-    Writes into ``bin_dir.tmp`` and renames on success, so an interrupted run
-    never leaves a half-written bin_dir behind.
-    """
+    """Binarize a corpus of :func:`generate` into bin_dir (joined dictionary), through
+    ``bin_dir.tmp`` renamed on success: an interrupted run leaves no half-written bin_dir."""
     out, dest = Path(out_dir), Path(bin_dir)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    from recipes import fairseq_exe  # next to the running python (a venv's bin/), else on PATH
+    from normplug.recipes import fairseq_exe  # next to the running python, else on PATH
 
-    cmd = [
-        fairseq_exe("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
-        "--trainpref", str(out / "train"), "--validpref", str(out / "valid"),
-        "--testpref", str(out / "test"), "--destdir", str(tmp),
-        "--joined-dictionary", "--workers", str(workers),
-    ]
-    subprocess.run(cmd, check=True)
+    subprocess.run([fairseq_exe("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
+                    "--trainpref", str(out / "train"), "--validpref", str(out / "valid"),
+                    "--testpref", str(out / "test"), "--destdir", str(tmp),
+                    "--joined-dictionary", "--workers", str(workers)], check=True)
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)

@@ -16,7 +16,7 @@ from hypothesis import settings
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
-# recipes, data preparation and the synthetic corpus live in scripts/, outside the package
+# data preparation and the synthetic corpus live in scripts/, outside the package
 sys.path.insert(0, str(REPO / "scripts"))
 
 # Under CI (CI set, as CI services do) hypothesis draws the same examples on every

@@ -251,3 +251,20 @@ def test_errors(bn_run, tmp_path, monkeypatch, capsys):
     expect(["--inputs", bn_run, "--output", out], "is a directory")
     expect(["--inputs", no_bn, "--output", out, "--reestimate-stats"], "has no BN/PN layer")
     assert sorted(os.listdir(tmp_path)) == ["ln.pt"]  # nothing half-written
+
+
+def test_output_may_not_be_an_input(tmp_path, monkeypatch, capsys):
+    """An average written over one of its inputs would destroy it: refused before reading any."""
+    monkeypatch.setattr(average_cli, "configure_logging", lambda verbose: None)
+    for name in ("checkpoint1.pt", "checkpoint2.pt"):
+        (tmp_path / name).write_bytes(b"not read")
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--inputs", "checkpoint1.pt", "checkpoint2.pt", "--output", str(tmp_path / "checkpoint2.pt")],
+                 ["--inputs", ".", "--num-epoch-checkpoints", "2", "--output", "./checkpoint1.pt"]):
+        with pytest.raises(SystemExit) as exc:
+            average_cli.main(argv)
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"normplug-average: error: --output {argv[-1]} is one of the inputs: write the average to another file"]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {
+        "checkpoint1.pt": b"not read", "checkpoint2.pt": b"not read"}

@@ -14,8 +14,8 @@ import yaml
 
 from conftest import REPO, TINY_MODEL
 
-import recipes
-from recipes import load_config
+from normplug import recipes
+from normplug.recipes import load_config
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 DEMO_CONFIGS = sorted((REPO / "configs" / "demo").glob("*.yaml"))
@@ -170,7 +170,7 @@ def test_provenance_lists_exactly_the_papers_configs(paper):
 
 def test_run_files_hold_only_what_differs_from_their_base():
     """A value every run of a base shares lives in the base; every base is used."""
-    from recipes import merged_mapping
+    from normplug.recipes.config import read_merged
 
     used = {}
     for path in CONFIGS:
@@ -180,7 +180,7 @@ def test_run_files_hold_only_what_differs_from_their_base():
         used.setdefault(base, []).append(raw)
     assert set(used) == {p.resolve() for p in (REPO / "configs" / "base").glob("*.yaml")}
     for base, runs in used.items():
-        merged = merged_mapping(base)
+        merged = read_merged(base)
         for section in ("train", "evaluate"):
             for key in set.intersection(*(set(run.get(section) or {}) for run in runs)):
                 values = [run[section][key] for run in runs]

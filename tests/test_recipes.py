@@ -1,24 +1,134 @@
-"""scripts/recipes.py, the driver, below the end-to-end runs of tests/test_reproduce.py:
-command lines (extra arguments, the device, --gpus), the config format's errors and
-fairseq's own for its flags (one line each), scoring, data made with another BPE, and the
-official WMT references."""
+"""normplug.recipes, the driver, below the end-to-end runs of tests/test_reproduce.py:
+command lines (extra arguments, the device, --gpus), the config format (base: merging,
+duplicate keys) and its errors and fairseq's own for its flags (one line each), scoring, data
+made with another BPE, runs and scores tied to their data, and the official WMT references.
+The configs are written here (the recipes' own are tested by tests/test_configs.py)."""
+import hashlib
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
-import yaml
 
 from conftest import REPO
 
-import recipes
-from recipes import ConfigError, load_config
+from normplug import recipes
+from normplug.recipes import ConfigError, load_config
 
-GOOD = (REPO / "configs" / "demo" / "bn.yaml").read_text()
-XU = REPO / "configs" / "xu2019-iwslt14-deen-pre-ln.yaml"  # update-freq 2
-WMT = REPO / "configs" / "wang2022-wmt16-ende-post-ln.yaml"
-LM = REPO / "configs" / "wang2022-ptb-post-ln.yaml"
+GOOD = """\
+name: demo-bn
+dataset: synthetic (scripts/synthetic.py, seed 1)
+setting: Post-Norm
+norm: BN
+paper: "none: toy task"
+published: null
+metric: "sacreBLEU on the synthetic test set (500 pairs)"
+provenance: demo.md
+data: demo-out/data-bin/synthetic
+source_lang: src
+target_lang: tgt
+train:
+  arch: transformer_iwslt_de_en_bn
+  encoder-layers: 2
+  decoder-layers: 2
+  encoder-embed-dim: 64
+  decoder-embed-dim: 64
+  share-all-embeddings: true
+  optimizer: adam
+  adam-betas: "(0.9, 0.98)"
+  lr: 0.0015
+  lr-scheduler: inverse_sqrt
+  warmup-updates: 400
+  warmup-init-lr: 1.0e-07
+  dropout: 0.1
+  criterion: label_smoothed_cross_entropy
+  label-smoothing: 0.1
+  max-tokens: 2048
+  max-epoch: 5
+  seed: 1
+evaluate:
+  average_last_epochs: 1    # the final checkpoint
+  gen_subset: test
+  beam: 5
+  lenpen: 1.0
+  max_len_a: 1
+  max_len_b: 50
+  batch_size: 128
+  remove_bpe: null          # whole words
+  lowercase: false          # lowercase already
+  compound_split: false
+  detok_lang: en
+"""
+IWSLT = "data: data/data-bin/iwslt14.tokenized.de-en\nsource_lang: de\ntarget_lang: en\n"
+
+
+def variant(*replacements, text=GOOD):
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+TEXTS = {
+    "demo": GOOD,
+    # IWSLT14 as Xu et al.: update-freq 2, lowercased, fairseq's default maximum length
+    "xu": variant(("data: demo-out/data-bin/synthetic\nsource_lang: src\ntarget_lang: tgt\n", IWSLT),
+                  ("  arch: transformer_iwslt_de_en_bn\n", "  arch: transformer_iwslt_de_en_ln_prenorm\n"
+                                                          "  update-freq: 2\n"),
+                  ("  max_len_a: 1\n  max_len_b: 50\n", "  max_len_a: 0\n  max_len_b: 200\n"),
+                  ("  remove_bpe: null ", '  remove_bpe: "@@ " '), ("  lowercase: false ", "  lowercase: true ")),
+    "post-bn": variant(("  arch: transformer_iwslt_de_en_bn\n", "  arch: transformer_iwslt_de_en_bn\n  update-freq: 1\n")),
+    # Wang et al.'s test-batch statistics at test time
+    "teststats": variant(("data: demo-out/data-bin/synthetic\nsource_lang: src\ntarget_lang: tgt\n", IWSLT),
+                         ("  batch_size: 128\n", "  batch_size: 64\n  model_overrides: {bn_test_stats: batch}\n"),
+                         ("  remove_bpe: null ", '  remove_bpe: "@@ " ')),
+    # WMT: compound splitting, sacreBLEU on the official references
+    "wmt": variant(("source_lang: src\ntarget_lang: tgt\n", "source_lang: en\ntarget_lang: de\n"),
+                   ("  compound_split: false\n  detok_lang: en\n",
+                    "  compound_split: true\n  detok_lang: de\n  sacrebleu_test_set: wmt14/full\n")),
+    "lm": """\
+name: wang2022-ptb-post-ln
+dataset: PTB
+setting: Post-Norm
+norm: "LN"
+paper: "Wang, Wu, Huang 2022"
+published: 53.2
+metric: "test perplexity"
+provenance: wang2022.md
+data: data/data-bin/ptb
+train:
+  task: language_modeling
+  arch: transformer_lm_ptb_ln
+  dropout: 0.3
+  sample-break-mode: none
+  tokens-per-sample: 32
+  batch-size: 120
+  optimizer: adam
+  lr: 0.00025
+  lr-scheduler: cosine
+  max-update: 20000
+  criterion: cross_entropy
+  seed: 1111
+evaluate:
+  checkpoint: best
+  gen_subset: test
+  batch_size: 10
+  context_window: 16
+""",
+}
+
+
+@pytest.fixture
+def config(tmp_path):
+    """``config(name)``: the path of TEXTS[name] written into tmp_path."""
+    def write(name, text=None):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(TEXTS[name] if text is None else text)
+        return path
+    return write
 
 
 def value(argv, flag):
@@ -35,22 +145,23 @@ def parse(argv):
 
 # --------------------------------------------------------------------------- command lines
 
-def test_extra_arguments_replace_config_flags():
-    r = load_config(REPO / "configs" / "wang2022-iwslt14-deen-post-rbn.yaml")
+def test_extra_arguments_replace_config_flags(config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a config's data path is relative to the current directory
+    r = load_config(config("xu"))
     argv = recipes.train_argv(r, save_dir="/tmp/x", gpu=False, exe=False,
                               extra=["--lr", "1e-3", "--max-epoch=2", "--rbn-mean-weight", "0",
                                      "--save-dir", "/tmp/y", "--new-flag"])
     assert value(argv, "--lr") == "1e-3" and value(argv, "--max-epoch") == "2"
     assert value(argv, "--rbn-mean-weight") == "0" and value(argv, "--save-dir") == "/tmp/y"
     assert "--new-flag" in argv and "--cpu" in argv
-    assert argv[0].endswith("iwslt14.tokenized.de-en") and argv[0].startswith(str(REPO))
+    assert argv[0] == str(tmp_path / "data" / "data-bin" / "iwslt14.tokenized.de-en")
     with pytest.raises(ConfigError, match="does not follow a --flag"):
         recipes.train_argv(r, extra=["data-bin/x"], exe=False)
 
 
-def test_one_gpu_is_pinned_the_cpu_stays_as_it_was():
+def test_one_gpu_is_pinned_the_cpu_stays_as_it_was(config):
     """fairseq 0.12 takes every visible GPU unless told: the recipes pin one."""
-    r = load_config(XU)
+    r = load_config(config("xu"))
     gpu = recipes.train_argv(r, gpu=True, exe=False)
     assert value(gpu, "--distributed-world-size") == "1" and "--cpu" not in gpu
     assert value(gpu, "--update-freq") == "2"
@@ -58,8 +169,8 @@ def test_one_gpu_is_pinned_the_cpu_stays_as_it_was():
     assert "--cpu" in cpu and "--distributed-world-size" not in cpu
 
 
-def test_gpus_keep_the_effective_batch(tiny_data):
-    r = load_config(XU)
+def test_gpus_keep_the_effective_batch(tiny_data, config):
+    r = load_config(config("xu"))
     args = parse(recipes.train_argv(r, data=tiny_data, gpu=True, exe=False, gpus=2))
     assert args.distributed_world_size == 2 and args.update_freq == [1]  # 2 GPUs x 1 = 1 x 2
     assert not args.bn_sync_stats and not args.cpu
@@ -70,31 +181,30 @@ def test_gpus_keep_the_effective_batch(tiny_data):
     assert value(argv, "--update-freq") == "2" and value(argv, "--distributed-world-size") == "4"
 
 
-@pytest.mark.parametrize("path, kwargs, message", [
-    (XU, dict(gpus=4), "--gpus 4 does not divide the recipe's update-freq 2"),
-    (REPO / "configs" / "wang2022-iwslt14-deen-post-bn.yaml", dict(gpus=2),
-     "--gpus 2 does not divide the recipe's update-freq 1"),
-    (XU, dict(gpus=0), "--gpus must be 1 or more, got 0"),
-    (XU, dict(bn_sync_stats=True), "--bn-sync-stats syncs BN statistics across GPUs: it needs --gpus N"),
-    (XU, dict(gpus=2, gpu=False), "--gpus 2 needs CUDA GPUs; this run is on the CPU"),
-    (XU, dict(gpus=2, extra=["--cpu"]), "--gpus 2 needs CUDA GPUs; this run is on the CPU"),
-    (XU, dict(extra=["--distributed-world-size", "2"]), "use the driver's --gpus N"),
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("xu", dict(gpus=4), "--gpus 4 does not divide the recipe's update-freq 2"),
+    ("post-bn", dict(gpus=2), "--gpus 2 does not divide the recipe's update-freq 1"),
+    ("xu", dict(gpus=0), "--gpus must be 1 or more, got 0"),
+    ("xu", dict(bn_sync_stats=True), "--bn-sync-stats syncs BN statistics across GPUs: it needs --gpus N"),
+    ("xu", dict(gpus=2, gpu=False), "--gpus 2 needs CUDA GPUs; this run is on the CPU"),
+    ("xu", dict(gpus=2, extra=["--cpu"]), "--gpus 2 needs CUDA GPUs; this run is on the CPU"),
+    ("xu", dict(extra=["--distributed-world-size", "2"]), "use the driver's --gpus N"),
 ])
-def test_bad_device_choices_give_one_line(path, kwargs, message):
+def test_bad_device_choices_give_one_line(config, name, kwargs, message):
     kwargs.setdefault("gpu", True)
     with pytest.raises(ConfigError) as err:
-        recipes.train_argv(load_config(path), exe=False, **kwargs)
+        recipes.train_argv(load_config(config(name)), exe=False, **kwargs)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_reproduce_keeps_its_runs_in_out(tmp_path):
+def test_reproduce_keeps_its_runs_in_out(tmp_path, config):
     with pytest.raises(ConfigError, match="reproduce trains each config into --out/<name>: --save-dir"):
-        recipes.reproduce([XU], tmp_path / "out", extra=["--save-dir", str(tmp_path / "elsewhere")])
+        recipes.reproduce([config("xu")], tmp_path / "out", extra=["--save-dir", str(tmp_path / "elsewhere")])
     assert not (tmp_path / "out").exists()
 
 
-def test_generate_argv():
-    r = load_config(REPO / "configs" / "wang2022-iwslt14-deen-pre-bn-teststats.yaml")
+def test_generate_argv(config):
+    r = load_config(config("teststats"))
     argv = recipes.generate_argv(r, "avg.pt", gpu=False)
     assert value(argv, "--model-overrides") == "{'bn_test_stats': 'batch'}"
     for flag, expected in (("--beam", "5"), ("--lenpen", "1.0"), ("--max-len-a", "1"), ("--max-len-b", "50"),
@@ -102,7 +212,7 @@ def test_generate_argv():
         assert value(argv, flag) == expected, flag
     assert "--cpu" in argv
     # Xu et al. and Shen et al. decode with fairseq's default maximum length
-    argv = recipes.generate_argv(load_config(XU), "checkpoint_best.pt", gpu=True)
+    argv = recipes.generate_argv(load_config(config("xu")), "checkpoint_best.pt", gpu=True)
     assert value(argv, "--max-len-a") == "0" and value(argv, "--max-len-b") == "200" and "--cpu" not in argv
 
 
@@ -156,10 +266,10 @@ def test_a_task_without_recipes_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- language models
 
-def test_language_model_command_lines():
+def test_language_model_command_lines(config):
     """fairseq-train gets no languages; fairseq-eval-lm scores windows of the training length:
     without overlap or extra context (the published figure), and fairseq's sliding window."""
-    r = load_config(LM)
+    r = load_config(config("lm"))
     assert r.task == "language_modeling" and r.source_lang is None
     train = recipes.train_argv(r, gpu=False, exe=False)
     assert "--source-lang" not in train and value(train, "--task") == "language_modeling"
@@ -205,7 +315,7 @@ def test_parse_eval_lm_output():
 ])
 def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(edit(yaml.safe_dump(recipes.merged_mapping(LM), sort_keys=False)))  # the base merged in
+    bad.write_text(edit(TEXTS["lm"]))
     with pytest.raises(ConfigError) as err:
         load_config(bad)
     text = str(err.value)
@@ -231,7 +341,7 @@ def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message)
     (lambda t: t.replace("  lowercase: false ", "  lowercase: 1 "), r"evaluate: key 'lowercase' must be a true/false"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: best\n  average_last_epochs: 1 "),
      r"evaluate: set exactly one of .* got 'checkpoint' and 'average_last_epochs'"),
-    (lambda t: t.replace("  average_last_epochs: 1 ", "  # average_last_epochs: 1 "),
+    (lambda t: t.replace("  average_last_epochs: 1 ", "  model_overrides: null "),
      r"evaluate: set exactly one of 'checkpoint', 'average_last_epochs', 'average_last_updates' "
      r"\(which checkpoint is evaluated\), got none"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: newest "),
@@ -240,9 +350,12 @@ def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message)
      r"evaluate: 'average_last_updates' must be >= 1, got 0"),
     (lambda t: t.replace("  detok_lang: en\n", "  detok_lang: en\n  sacrebleu_test_set: wmt99\n"),
      r"sacrebleu_test_set 'wmt99' is not a sacrebleu test set"),
-    (lambda t: t.replace("train:\n", "train: [\n"), r"not valid YAML"),
-    (lambda t: t + "name: demo-ln\n", r"duplicate key 'name' \(line \d+\)"),
-    (lambda t: "base: missing.yaml\n" + t, r"base file .*missing\.yaml not found"),
+    (lambda t: t.replace("evaluate:\n", "evaluate: [\n"), r"not valid YAML"),
+    (lambda t: t.replace("provenance: demo.md\n", ""), r"missing key 'provenance' \(valid keys: "),
+    (lambda t: t.replace("provenance: demo.md\n", "provenance: demo.md\nnotes: [a]\n"), r"unknown key 'notes'"),
+    (lambda t: t.replace("  beam: 5\n", "  beam: 5\n  beam: 4\n"), r": duplicate key 'beam' \(line 35\)$"),
+    (lambda t: t + "name: other\n", r": duplicate key 'name' \(line 43\)$"),
+    (lambda t: "base: base/none.yaml\n" + t, r": base file .*/base/none\.yaml not found$"),
     (lambda t: "- a\n- b\n", r"must be a YAML mapping"),
 ])
 def test_bad_config_gives_one_clear_line(tmp_path, edit, message):
@@ -272,39 +385,79 @@ def test_fairseq_checks_the_train_flags(tmp_path, edit, message):
     text = str(err.value)
     assert "\n" not in text and text.startswith(f"{bad}: fairseq-train refuses its arguments: "), text
     assert message in text, text
-    recipes.check_flags(recipe, recipes.train_argv(load_config(REPO / "configs" / "demo" / "bn.yaml"),
-                                                   gpu=False, exe=False))
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    recipes.check_flags(recipe, recipes.train_argv(load_config(good), gpu=False, exe=False))
 
 
-def _script(script, *args, home=None):
-    return subprocess.run(["bash", str(REPO / "scripts" / script), *map(str, args)],
-                          capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore",
-                               **({"HOME": str(home)} if home else {})})
+def _cli(*args):
+    """``python -m normplug.recipes ARGS`` as a user runs it (normplug-recipe)."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
+           **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})}
+    return subprocess.run([sys.executable, "-m", "normplug.recipes", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_bad_config_on_the_command_line(tmp_path):
+def test_bad_config_on_the_command_line(tmp_path, capsys):
+    """Every command: one line and exit status 2 (in process, as the console script runs main)."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.replace("  lenpen: 1.0\n", ""))
-    for script in ("train.sh", "evaluate.sh", "reproduce.sh"):
-        proc = _script(script, bad)
-        assert proc.returncode == 2, (script, proc.stdout, proc.stderr)
-        assert proc.stderr.splitlines() == [f"normplug: error: {bad}: evaluate: missing key 'lenpen' "
-                                            f"(valid keys: {', '.join(recipes.TRANSLATION_EVALUATE_KEYS)})"], proc.stderr
-    missing = _script("train.sh", tmp_path / "no.yaml")
-    assert missing.returncode == 2 and "no.yaml: config file not found" in missing.stderr
+    for command in ("train", "evaluate", "reproduce", "table", "argv", "check"):
+        assert recipes.main([command, str(bad)]) == 2, command
+        assert capsys.readouterr().err.splitlines() == [
+            f"normplug: error: {bad}: evaluate: missing key 'lenpen' "
+            f"(valid keys: {', '.join(recipes.TRANSLATION_EVALUATE_KEYS)})"], command
+    missing = _cli("train", tmp_path / "no.yaml")  # python -m normplug.recipes
+    assert missing.returncode == 2 and missing.stderr.splitlines() == [
+        f"normplug: error: {tmp_path / 'no.yaml'}: config file not found"]
+
+
+def test_check_refuses_a_missing_data_folder(tmp_path, capsys):
+    """`check` reads the data folder too: a missing one is one line naming it and the config."""
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    assert recipes.main(["check", str(good), "--data", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"normplug: error: {good}: data folder {tmp_path / 'nowhere'} not found (prepare it, or pass --data DIR)"]
+    assert recipes.main(["check", str(good), "--data", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{good}: ok (demo-bn, transformer_iwslt_de_en_bn)\n"
 
 
 @pytest.mark.slow
 def test_bad_flag_on_the_command_line_writes_nothing(tmp_path):
     """A typo in a fairseq-train flag: one line, before a save dir or run record exists."""
-    save = tmp_path / "run"
-    proc = _script("train.sh", REPO / "configs" / "demo" / "bn.yaml", "--save-dir", save, "--max-epochs", "3")
+    save, good = tmp_path / "run", tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    proc = _cli("train", good, "--data", tmp_path, "--save-dir", save, "--max-epochs", "3")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.splitlines() == [f"normplug: error: {REPO / 'configs' / 'demo' / 'bn.yaml'}: "
+    assert proc.stderr.splitlines() == [f"normplug: error: {good}: "
                                         "fairseq-train refuses its arguments: unrecognized arguments: "
                                         "--max-epochs 3"]
     assert not save.exists()
+
+
+# --------------------------------------------------------------------------- base configs
+
+def test_a_config_merges_its_base_chain(tmp_path):
+    """Mappings merge key by key (the config wins); any other value replaces the base's; the
+    base's path is relative to the config's folder."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "paper.yaml").write_text(variant(("  seed: 1\n", "  seed: 1\n  ddp-backend: [a, b]\n")))
+    (tmp_path / "base" / "dataset.yaml").write_text(
+        "base: paper.yaml\ntrain:\n  lr: 0.0005\n  ddp-backend: [c]\nevaluate:\n  beam: 4\n")
+    run = tmp_path / "run.yaml"
+    run.write_text("base: base/dataset.yaml\nname: run-1\npublished: 35.5\ntrain:\n  max-epoch: null\n"
+                   "evaluate:\n  lenpen: 0.6\n")
+    r = load_config(run)
+    whole = load_config(tmp_path / "base" / "paper.yaml")
+    assert (r.name, r.published, r.provenance, r.source_lang) == ("run-1", 35.5, "demo.md", "src")
+    assert r.train == {**whole.train, "lr": 0.0005, "ddp-backend": ["c"], "max-epoch": None}
+    assert list(r.train)[:2] == ["arch", "encoder-layers"]  # the base's order, then the config's keys
+    assert r.evaluate == {**whole.evaluate, "beam": 4, "lenpen": 0.6}
+    assert "--max-epoch" not in recipes.train_argv(r, gpu=False, exe=False)
+    (tmp_path / "base" / "paper.yaml").write_text("base: dataset.yaml\n")
+    with pytest.raises(ConfigError, match=r"paper\.yaml: base file .*dataset\.yaml includes itself$"):
+        load_config(run)
 
 
 # --------------------------------------------------------------------------- data and references
@@ -316,7 +469,7 @@ def _config_on(tmp_path, data, remove_bpe="null"):
     return path
 
 
-def test_data_made_with_another_bpe_is_refused(tmp_path):
+def test_data_made_with_another_bpe_is_refused(tmp_path, capsys):
     """prepare.json (scripts/prepare-*.sh) says which --remove-bpe the data needs."""
     data = tmp_path / "data"
     data.mkdir()
@@ -331,12 +484,79 @@ def test_data_made_with_another_bpe_is_refused(tmp_path):
     assert "\n" not in text and 'remove_bpe is "@@ ", but the data needs null' in text
     recipes.check_data(load_config(_config_on(tmp_path, data, remove_bpe="null")))
     # on the command line: one error line, before any decoding
-    proc = _script("evaluate.sh", config, "--checkpoint-dir", tmp_path / "none", home=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"normplug: error: {text}"]
+    capsys.readouterr()
+    assert recipes.main(["evaluate", str(config), "--checkpoint-dir", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"normplug: error: {text}"]
 
 
-def test_wmt_sacrebleu_uses_the_official_references(tmp_path, monkeypatch):
+def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
+    """A finished run is reused when its flags, data folder and dictionaries are the same; on
+    other data (another folder, or the same folder with another dictionary) train and reproduce
+    refuse in one line, before anything is written: an earlier result is never overwritten."""
+    config = _config_on(tmp_path, tiny_data)
+    recipe = load_config(config)
+    out = tmp_path / "out"
+    run = out / recipe.name
+    run.mkdir(parents=True)
+    identity = recipes.data_identity(recipe)
+    assert identity == {"data": str(tiny_data), "dictionaries": {
+        name: hashlib.sha256((tiny_data / name).read_bytes()).hexdigest()[:16] for name in ("dict.src.txt", "dict.tgt.txt")}}
+    record = {"flags": recipes.merged_flags(recipe), "extra": [], "rc": 0, "seconds": 1.0, "gpus": 0, **identity}
+    (run / recipes.RUN_RECORD).write_text(json.dumps(record))
+    said = []
+    assert recipes.train(recipe, run, log=said.append) == 0
+    assert said == [f"== demo-bn: reusing the finished run in {run}"]
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_data, other)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for attempt in (lambda: recipes.train(recipe, run, data=other, log=said.append),
+                    lambda: recipes.reproduce([config], out, data=other, log=said.append)):
+        with pytest.raises(ConfigError) as err:
+            attempt()
+        assert str(err.value) == (f"{run} holds a run on other data ({tiny_data}, dictionaries "
+                                  f"{identity['dictionaries']}), not {other} (dictionaries "
+                                  f"{recipes.data_identity(recipe, other)['dictionaries']}): use another "
+                                  "folder or remove that one")
+    with open(other / "dict.src.txt", "a") as f:
+        f.write("extra 1\n")
+    (run / recipes.RUN_RECORD).write_text(json.dumps({**record, "data": str(other)}))
+    with pytest.raises(ConfigError, match="holds a run on other data"):  # same folder, another dictionary
+        recipes.train(recipe, run, data=other)
+    # a record of an older driver names no dictionaries: its data folder is compared
+    (run / recipes.RUN_RECORD).write_text(json.dumps({k: v for k, v in record.items() if k != "dictionaries"}))
+    assert recipes.train(recipe, run, log=said.append) == 0 and said[-1].endswith("reusing the finished run in " + str(run))
+    with pytest.raises(ConfigError, match="holds a run on other data"):
+        recipes.train(recipe, run, data=other)
+    (run / recipes.RUN_RECORD).write_text(json.dumps(record))
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before and len(said) == 2
+
+
+def test_scores_record_their_data(tmp_path, tiny_data):
+    """A score names the data it was computed on: evaluate refuses to overwrite scores of other
+    data, and the table calls a score on other data than the run's stale."""
+    config = _config_on(tmp_path, tiny_data)
+    recipe = load_config(config)
+    out, other = tmp_path / "out", tmp_path / "other"
+    shutil.copytree(tiny_data, other)
+    run = out / recipe.name
+    run.mkdir(parents=True)
+    identity = recipes.data_identity(recipe)
+    (run / recipes.RUN_RECORD).write_text(json.dumps(
+        {"flags": recipes.merged_flags(recipe), "extra": [], "rc": 0, "gpus": 0, **identity}))
+    scores = {"tokenized_bleu": 1.0, "averaged": ["checkpoint1.pt"], **recipes.data_identity(recipe, other)}
+    (run / "scores-demo-bn.json").write_text(json.dumps(scores))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(run))} holds scores-demo-bn.json, scored on other "
+                                          rf"data \({re.escape(str(other))}, "):
+        recipes.evaluate(recipe, run)  # before choosing (there is no checkpoint) or decoding
+    assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
+    assert (out / "results.md").read_text().count(f"stale: scored on other data ({other}) than the run trained on") == 1
+    (run / "scores-demo-bn.json").write_text(json.dumps({**scores, **identity}))
+    assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
+    assert "| full |" in (out / "results.md").read_text()
+
+
+def test_wmt_sacrebleu_uses_the_official_references(tmp_path, monkeypatch, config):
     import sacrebleu.utils
 
     official = ["Ein Haus am See.", "Der well-known Test."]
@@ -348,7 +568,7 @@ def test_wmt_sacrebleu_uses_the_official_references(tmp_path, monkeypatch):
     assert recipes.official_references("wmt14/full", "en-de") == official
     assert asked == [("wmt14/full", "en-de")]
 
-    r = load_config(WMT)
+    r = load_config(config("wmt"))
     hyps = ["ein Haus am See .", "Der well-known Test ."]  # tokenized system output
     refs = ["ein Haus am See .", "Der well-known Test ."]  # the binarized test set's references
     scores = recipes.score(r, hyps, refs, official=official)
@@ -359,7 +579,7 @@ def test_wmt_sacrebleu_uses_the_official_references(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="binarized test set has 1 sentences, the official "
                                            "wmt14/full en-de references 2"):
         recipes.score(r, hyps[:1], refs[:1], official=official)
-    iwslt = recipes.score(load_config(XU), ["the house ."], ["the house ."])
+    iwslt = recipes.score(load_config(config("xu")), ["the house ."], ["the house ."])
     assert iwslt["sacrebleu_references"].startswith("lowercased references of the binarized test set")
 
 

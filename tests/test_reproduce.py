@@ -1,7 +1,7 @@
-"""scripts/reproduce.sh: end to end on the tiny corpus (two tiny configs, a handful of
+"""normplug-recipe reproduce: end to end on the tiny corpus (two tiny configs, a handful of
 updates each, one averaging epoch and one update checkpoints), a finished run reused,
 and the table of every row -- run, shortened, not run, failed, stale, on several GPUs --
-with --table-only; language models end to end on the tiny LM corpus, their perplexities
+with `table`; language models end to end on the tiny LM corpus, their perplexities
 against an independent float64 computation, and their rows in the same table."""
 import csv
 import json
@@ -13,10 +13,8 @@ import sys
 
 import pytest
 
-from conftest import REPO
-
-import recipes
-from recipes import RESULT_COLUMNS
+from normplug import recipes
+from normplug.recipes import RESULT_COLUMNS
 
 TINY_CONFIG = """\
 name: {name}
@@ -154,16 +152,16 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
                        tiny_data, rbn=True, updates=True)
     never = write_config(tmp_path, "tiny-never", "BN", "transformer_iwslt_de_en_bn", 2.0, tiny_data)
     out = tmp_path / "out"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
     def reproduce(*args):
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), *map(str, args)],
+        proc = subprocess.run([sys.executable, "-m", "normplug.recipes", *map(str, args)],
                               capture_output=True, text=True, timeout=600, env=env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
     # the configs train 5 epochs; the extra argument shortens that to 2 (~10 updates)
-    reproduce(ln, rbn, "--out", out, "--", "--max-epoch", "2")
+    reproduce("reproduce", ln, rbn, "--out", out, "--", "--max-epoch", "2")
     rows, md = table(out)
     assert [r["config"] for r in rows] == ["tiny-ln", "tiny-rbn"]
     for r in rows:
@@ -212,7 +210,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert "rbn_penalty" in (out / "tiny-rbn" / "train.log").read_text()
 
     # a finished run is reused, not trained again (a patience-stopped run would resume); the
-    # driver's main runs in this process (its start-up is fairseq's import), as reproduce.sh runs it
+    # driver's main runs in this process (its start-up is fairseq's import), as normplug-recipe runs it
     before = (out / "tiny-ln" / "train.log").stat().st_mtime_ns
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # for the fairseq-generate it starts
     capsys.readouterr()
@@ -221,7 +219,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert (out / "tiny-ln" / "train.log").stat().st_mtime_ns == before
 
     # every row, run or not, without training anything
-    reproduce("--table-only", ln, never, rbn, "--out", out)
+    reproduce("table", ln, never, rbn, "--out", out)
     rows, md = table(out)
     assert [(r["config"], r["status"]) for r in rows] == [
         ("tiny-ln", "shortened (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
@@ -236,10 +234,8 @@ def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data):
     good = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.5, tiny_data)
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("  beam: 2\n", ""))
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), str(good), str(bad),
-                           "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHON=sys.executable))
+    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce", str(good), str(bad),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert f"normplug: error: {bad}: evaluate: missing key 'beam'" in proc.stderr
     assert not (tmp_path / "out" / "tiny-ln").exists()
@@ -268,7 +264,7 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
         (run / recipes.RUN_RECORD).write_text(json.dumps(
             {"flags": flags, "extra": extra, "rc": 1 if name == "failed" else 0, "seconds": 3.0,
              "gpus": {"gpus": 4, "synced": 2}.get(name, 1), "bn_sync_stats": name == "synced"}))
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "recipes.py"), "reproduce",
+    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce",
                            "--table-only", *map(str, configs.values()), "--out", str(out)],
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONWARNINGS="ignore"))
@@ -286,8 +282,8 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
     assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.0 | 1.25 | 0.25 | sacreBLEU 1.50 | "
                      "average of the last 2 epoch checkpoints | full |")
     # extra training arguments make no sense without training
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "recipes.py"), "reproduce",
-                           "--table-only", str(configs["full"]), "--out", str(out), "--", "--lr", "1"],
+    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce", "--table-only",
+                           str(configs["full"]), "--out", str(out), "--", "--lr", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "normplug: error: --table-only trains nothing" in proc.stderr
 
@@ -295,8 +291,6 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
 def test_table_of_language_model_rows(tmp_path, lm_data):
     """Perplexity rows in the same table: lower is better, Δ = ours − published (negative: better
     than the paper), fairseq's sliding-window figure beside it, labelled with its context."""
-    import recipes
-
     configs = [write_lm_config(tmp_path, name, "LN", "transformer_lm_ptb_ln", 6.0, lm_data)
                for name in ("lm-run", "lm-never")]
     out = tmp_path / "out"
@@ -349,16 +343,16 @@ def reference_perplexity(checkpoint, data, length, context):
 
 @pytest.mark.slow
 def test_reproduce_a_language_model_end_to_end(tmp_path, lm_data):
-    """A tiny language model (BN with the RBN penalty) trained and evaluated by reproduce.sh:
+    """A tiny language model (BN with the RBN penalty) trained and evaluated by reproduce:
     the checkpoint with the best validation loss, perplexity = exp(mean token loss) on
     non-overlapping windows of the training length, and fairseq's sliding window beside it,
     both equal to an independent float64 computation; its row in the table."""
     config = write_lm_config(tmp_path, "tiny-lm-rbn", "RBN", "transformer_lm_ptb_rbn", 6.0, lm_data,
                              criterion="cross_entropy_rbn\n  rbn-mean-weight: 0.5\n  rbn-var-weight: 0.1")
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), str(config), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce", str(config), "--out", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, PYTHONWARNINGS="ignore"))
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,), md = table(out)
     assert (row["config"], row["status"], row["better"]) == ("tiny-lm-rbn", "full", "lower")

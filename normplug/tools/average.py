@@ -1,23 +1,12 @@
-"""``normplug-average``: average fairseq checkpoints, optionally re-estimating the population
-statistics of their BN/PN layers for the averaged weights.
-
-Averaging is fairseq's ``scripts/average_checkpoints.py``: every floating-point tensor of
-the model state, parameters and buffers (so running statistics too), is the element-wise
-mean of the inputs. Integer buffers (counters) and everything else in the file come from
-the input with the most updates, so the output is an ordinary fairseq checkpoint.
-
-Averaged running statistics need not be the statistics of the averaged weights. With
-``--reestimate-stats`` each BN/PN layer's population statistics become the exact mean of
-its batch statistics over K training batches of the averaged model, run under no_grad with
-dropout off and the norms in training mode ("precise BN"). Parameters stay bit-identical.
-
-Examples::
+"""``normplug-average``: average fairseq checkpoints as fairseq's scripts/average_checkpoints.py
+does (floating-point tensors, running statistics too, are element-wise means; the rest comes from
+the input with the most updates), optionally re-estimating the population statistics of their
+BN/PN layers for the averaged weights (``--reestimate-stats``: the mean of each layer's batch
+statistics over K training batches, no_grad, dropout off; "precise BN").
 
     normplug-average --inputs checkpoints/ --num-epoch-checkpoints 6 --output avg.pt
-    normplug-average --inputs checkpoints/ --num-update-checkpoints 10 --output avg.pt
     normplug-average --inputs checkpoints/ --num-epoch-checkpoints 6 --output avg_reest.pt \\
         --reestimate-stats --data data-bin/iwslt14 --max-batches 200
-    normplug-tid avg.pt avg_reest.pt --data data-bin/iwslt14   # did the discrepancy drop?
 """
 import argparse
 import os
@@ -186,6 +175,8 @@ def main(argv=None):
         if args.data is not None and not args.reestimate_stats:
             raise ToolError("--data is only used with --reestimate-stats")
         paths = select_inputs(args)
+        if os.path.realpath(args.output) in map(os.path.realpath, paths):
+            raise ToolError(f"--output {args.output} is one of the inputs: write the average to another file")
         state = average(paths)
         print(f"averaged {len(paths)} checkpoint(s): {', '.join(paths)} "
               f"(configuration and counters from {state['extra_state']['normplug_average']['metadata_from']})")

@@ -14,7 +14,8 @@ import torch
 from ..errors import NormplugError
 
 
-class ToolError(Exception):
+
+class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
 
 
@@ -54,6 +55,7 @@ def add_data_args(group, split: str, purpose: str):
 
 
 def check_data_args(args):
+    """The batching options are positive."""
     for flag in ("max_tokens", "max_batches", "batch_size"):
         value = getattr(args, flag)
         if value is not None and value <= 0:

@@ -1,0 +1,247 @@
+"""The config format: one YAML file per published row (``base: FILE`` merged in), read into a
+:class:`Recipe`. ``data`` and the default save dir ``checkpoints/<name>`` are relative to the
+current directory, as fairseq's paths are."""
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, NamedTuple, Optional
+
+import yaml
+
+from normplug.errors import NormplugError
+
+REQUIRED = object()
+# key -> (default or REQUIRED, allowed types); each task adds its own (TASKS)
+TOP_KEYS = {key: (REQUIRED, (str,)) for key in (
+    "name", "dataset", "setting", "norm", "paper", "metric", "data", "provenance")}
+TOP_KEYS.update(published=(REQUIRED, (int, float, type(None))), train=(REQUIRED, (dict,)),
+                evaluate=(REQUIRED, (dict,)), shares_training_with=(None, (str, type(None))))
+CHECKPOINT_KEYS = {  # which checkpoint is evaluated: exactly one of the three
+    "checkpoint": (None, (str, type(None))),            # best | last
+    "average_last_epochs": (None, (int, type(None))),   # the last N checkpointE.pt
+    "average_last_updates": (None, (int, type(None))),  # the last N checkpoint_E_U.pt
+}
+CHECKPOINT_CHOICES = tuple(CHECKPOINT_KEYS)
+TRANSLATION_EVALUATE_KEYS = {
+    **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)), "beam": (REQUIRED, (int,)), "lenpen": (REQUIRED, (int, float)),
+    "max_len_a": (REQUIRED, (int, float)), "max_len_b": (REQUIRED, (int,)), "batch_size": (128, (int,)),
+    "remove_bpe": (REQUIRED, (str, type(None))),    # fairseq --remove-bpe value; null = none
+    "lowercase": (False, (bool,)),                  # lowercase hyps and refs (both BLEUs)
+    "compound_split": (False, (bool,)),             # ##AT##-##AT## splitting (WMT)
+    "model_overrides": (None, (dict, type(None))),  # fairseq-generate --model-overrides
+    "detok_lang": (None, (str, type(None))),        # sacremoses language (default target_lang)
+    # sacreBLEU's references: a sacrebleu test set (wmt14/full), or null: the binarized test set's
+    "sacrebleu_test_set": (None, (str, type(None))),
+}
+LM_EVALUATE_KEYS = {
+    **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)),
+    "batch_size": (10, (int,)),  # fairseq-eval-lm --batch-size (windows)
+    # fairseq's sliding window: each window of the training length scores its last
+    # (length - context_window) tokens with the context_window tokens before them
+    "context_window": (REQUIRED, (int,)),
+}
+RESERVED_TRAIN = {
+    "user-dir": "the driver adds the plugin directory",
+    "save-dir": "chosen per run (--save-dir on the command line)",
+    "cpu": "the driver adds it when no GPU is available",
+    "distributed-world-size": "the driver's --gpus N sets it (default 1, as the papers trained)",
+    "bn-sync-stats": "a choice of multi-GPU runs: the driver's --bn-sync-stats, with --gpus N",
+    "source-lang": "use the top-level key source_lang",
+    "target-lang": "use the top-level key target_lang",
+    "data": "use the top-level key data",
+}
+TYPE_NAMES = {int: "integer", float: "number", str: "string", dict: "mapping", list: "list",
+              bool: "true/false", type(None): "null"}
+
+
+class ConfigError(NormplugError):
+    """A config or a command line is wrong; the message is one line."""
+
+
+@dataclass
+class Recipe:
+    path: Path
+    name: str
+    dataset: str
+    setting: str
+    norm: str
+    paper: str
+    published: Optional[float]
+    metric: str
+    data: str
+    provenance: str
+    train: Dict[str, object]
+    evaluate: Dict[str, object]
+    shares_training_with: Optional[str] = None
+    source_lang: Optional[str] = None  # translation
+    target_lang: Optional[str] = None
+
+    @property
+    def training_name(self) -> str:
+        """Name of the training run: this config's, or the one it shares."""
+        return self.shares_training_with or self.name
+
+    @property
+    def task(self) -> str:
+        """The fairseq task (translation unless train: says)."""
+        return task_name(self.train)
+
+    def train_value(self, flag: str):
+        """A train: value, written with dashes or underscores."""
+        return self.train.get(flag, self.train.get(flag.replace("-", "_")))
+
+    def data_path(self, override=None) -> Path:
+        return Path(override or self.data).resolve()
+
+    def default_save_dir(self) -> Path:
+        return Path("checkpoints", self.training_name).resolve()
+
+
+def task_name(train) -> str:
+    """The fairseq task of a config's ``train:`` mapping (translation unless it says)."""
+    return str(train.get("task", "translation")) if isinstance(train, dict) else "translation"
+
+
+def _checked(where: str, given: dict, spec: dict) -> dict:
+    """``given`` against ``spec`` ({key: (default or REQUIRED, types)}), defaults filled in."""
+    valid = ", ".join(spec)
+    for key in given:
+        if key not in spec:
+            raise ConfigError(f"{where}unknown key {key!r} (valid keys: {valid})")
+    out = {}
+    for key, (default, types) in spec.items():
+        if key not in given:
+            if default is REQUIRED:
+                raise ConfigError(f"{where}missing key {key!r} (valid keys: {valid})")
+            out[key] = default
+            continue
+        value = out[key] = given[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ConfigError(f"{where}key {key!r} must be a {' or '.join(TYPE_NAMES[t] for t in types)}, "
+                              f"got {type(value).__name__} {value!r}")
+    return out
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one YAML mapping."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML keeps the last of two equal keys; a config refuses them."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_merged(path: Path, children=()) -> dict:
+    """A config's mapping with its ``base:`` chain merged in (the config's values win)."""
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except _DuplicateKey as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a YAML mapping with keys {', '.join(TOP_KEYS)}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    base_path = path.parent / str(base)
+    if not isinstance(base, str) or not base_path.is_file():
+        raise ConfigError(f"{path}: base file {base_path} not found")
+    if base_path.resolve() in children:
+        raise ConfigError(f"{path}: base file {base_path} includes itself")
+    return merge(read_merged(base_path, (*children, path.resolve())), raw)
+
+
+def merge(base: dict, child: dict) -> dict:
+    """Mappings merge key by key (the child wins); any other child value replaces the base's."""
+    out = dict(base)
+    for key, value in child.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = merge(base[key], value) if both else value
+    return out
+
+
+def load_config(path) -> "Recipe":
+    """Read one config and check what its format owns; fairseq's flags are fairseq's to check."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    raw = read_merged(path)
+    name = task_name(raw.get("train"))
+    if name not in TASKS:
+        raise ConfigError(f"{path}: train: task {name!r} has no recipes here (known: {', '.join(TASKS)})")
+    task = TASKS[name]
+    top = _checked(f"{path}: ", raw, {**TOP_KEYS, **task.top_keys})
+    for key in ("name", "shares_training_with"):
+        if top[key] is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", top[key]):
+            raise ConfigError(f"{path}: key {key!r} must be a folder name (letters, digits, '.', "
+                              f"'_', '-'), got {top[key]!r}")
+    for key, value in top["train"].items():
+        if str(key).replace("_", "-") in RESERVED_TRAIN:
+            raise ConfigError(f"{path}: train: {key!r} may not be set here: "
+                              f"{RESERVED_TRAIN[str(key).replace('_', '-')]}")
+        if isinstance(value, dict):
+            raise ConfigError(f"{path}: train: {key!r} must be a value or a list, got a mapping")
+    ev = _checked(f"{path}: evaluate: ", top["evaluate"], task.evaluate_keys)
+    chosen = [k for k in CHECKPOINT_CHOICES if ev[k] is not None]
+    if len(chosen) != 1:
+        raise ConfigError(f"{path}: evaluate: set exactly one of {', '.join(map(repr, CHECKPOINT_CHOICES))} "
+                          f"(which checkpoint is evaluated), got {' and '.join(map(repr, chosen)) or 'none'}")
+    if ev["checkpoint"] not in (None, "best", "last"):
+        raise ConfigError(f"{path}: evaluate: 'checkpoint' must be one of best, last, got {ev['checkpoint']!r}")
+    for key in ("average_last_epochs", "average_last_updates", "beam", "batch_size"):
+        if ev.get(key) is not None and ev[key] < 1:
+            raise ConfigError(f"{path}: evaluate: {key!r} must be >= 1, got {ev[key]}")
+    top.update(evaluate=ev, path=path)
+    top["published"] = None if top["published"] is None else float(top["published"])
+    recipe = Recipe(**top)
+    task.check(recipe)
+    return recipe
+
+
+def check_translation(recipe: Recipe):
+    """The translation part of a config: sacreBLEU's language and references."""
+    ev = recipe.evaluate
+    ev["detok_lang"] = ev["detok_lang"] or recipe.target_lang
+    if ev["sacrebleu_test_set"] is not None:
+        from sacrebleu.dataset import DATASETS
+
+        test_set, pair = ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}"
+        if test_set not in DATASETS:
+            raise ConfigError(f"{recipe.path}: evaluate: sacrebleu_test_set {test_set!r} is not a sacrebleu "
+                              "test set (list them: sacrebleu --list)")
+        if pair not in DATASETS[test_set].langpairs:
+            raise ConfigError(f"{recipe.path}: evaluate: sacrebleu test set {test_set!r} has no language "
+                              f"pair {pair!r}")
+
+
+def check_language_model(recipe: Recipe):
+    """Evaluation uses windows of the training length: train: must say it, and the sliding
+    window's context must leave a token to score."""
+    length, context = recipe.train_value("tokens-per-sample"), recipe.evaluate["context_window"]
+    if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+        raise ConfigError(f"{recipe.path}: train: 'tokens-per-sample' must be set to the training length "
+                          f"(an integer >= 2; evaluation uses windows of that length), got {length!r}")
+    if not 1 <= context < length:
+        raise ConfigError(f"{recipe.path}: evaluate: 'context_window' must be in 1 .. {length - 1} (the "
+                          f"training length {length} minus at least one scored token), got {context}")
+
+
+class TaskFormat(NamedTuple):
+    """The config keys of one fairseq task and the checks beyond them."""
+    top_keys: Dict[str, tuple]
+    evaluate_keys: Dict[str, tuple]
+    check: Callable
+
+
+TASKS = {"translation": TaskFormat({"source_lang": (REQUIRED, (str,)), "target_lang": (REQUIRED, (str,))},
+                                   TRANSLATION_EVALUATE_KEYS, check_translation),
+         "language_modeling": TaskFormat({}, LM_EVALUATE_KEYS, check_language_model)}

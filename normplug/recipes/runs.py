@@ -1,0 +1,184 @@
+"""Training and evaluating one recipe, each leaving a record of what it ran on: the save dir's
+run record (flags, data, device, exit status) and ``scores-<name>.json`` beside it."""
+import datetime
+import hashlib
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .commands import (check_flags, child_env, merged_flags, recipe_changes, run_logged, split_extra, train_argv,
+                       write_atomic)
+from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
+from .scoring import SCORING
+
+RUN_RECORD = "normplug-run.json"  # in a save dir: the flags, data, device and exit status of its run
+
+
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_run_record(save_dir) -> Optional[dict]:
+    return read_json(Path(save_dir) / RUN_RECORD)
+
+
+def data_identity(recipe: Recipe, data=None) -> Dict[str, object]:
+    """What a run or a score was computed on: the data folder, resolved, and its dictionaries."""
+    path = recipe.data_path(data)
+    return {"data": str(path), "dictionaries": {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in sorted(path.glob("dict*.txt"))}}
+
+
+def refuse_other_data(record: Optional[dict], identity: dict, what: str, folder: Path):
+    """A run or score on other data is never reused or overwritten: one line saying so (what
+    a record of an older driver does not say is not compared)."""
+    if record is None or all(record[k] == v for k, v in identity.items() if k in record):
+        return
+    raise ConfigError(f"{folder} holds {what} on other data ({record.get('data')}, dictionaries "
+                      f"{record.get('dictionaries')}), not {identity['data']} (dictionaries "
+                      f"{identity['dictionaries']}): use another folder or remove that one")
+
+
+def check_data(recipe: Recipe, data=None):
+    """Refuse a missing data folder, and a ``remove_bpe`` other than the data needs, as recorded
+    in the ``prepare.json`` of the data scripts (data made otherwise has none)."""
+    folder = recipe.data_path(data)
+    if not folder.is_dir():
+        raise ConfigError(f"{recipe.path}: data folder {folder} not found (prepare it, or pass --data DIR)")
+    manifest = folder / "prepare.json"
+    if "remove_bpe" not in recipe.evaluate or not manifest.is_file():
+        return
+    try:
+        info = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read {manifest}: {' '.join(str(err).split())}") from None
+    if "remove_bpe" in info and info["remove_bpe"] != recipe.evaluate["remove_bpe"]:
+        ours, theirs = json.dumps(recipe.evaluate["remove_bpe"]), json.dumps(info["remove_bpe"])
+        raise ConfigError(f"{recipe.path}: evaluate: remove_bpe is {ours}, but the data needs {theirs} "
+                          f"({manifest}: bpe {info.get('bpe')}, {info.get('bpe_size')}); set "
+                          f"remove_bpe: {theirs} or prepare the data the config expects")
+
+
+def _print_line(line):
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
+def save_dir_of(recipe: Recipe, save_dir=None, extra: Sequence[str] = ()) -> Path:
+    """The run's save dir: a --save-dir among the extra arguments, else ``save_dir``, else the default."""
+    for key, words in split_extra(extra):
+        if key == "save-dir" and words:
+            save_dir = words[0]
+    return Path(save_dir) if save_dir else recipe.default_save_dir()
+
+
+def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, gpus: int = 1,
+          bn_sync_stats: bool = False, gpu: Optional[bool] = None, threads: Optional[int] = None,
+          echo=_print_line, log=print) -> int:
+    """fairseq-train for a recipe into ``save_dir``, or nothing when a run there finished with
+    the same flags on the same data. Writes train.log and the run record there; returns
+    fairseq-train's exit status."""
+    save_dir = save_dir_of(recipe, save_dir, extra)
+    changes = recipe_changes(extra)
+    flags = merged_flags(recipe, changes)
+    check_data(recipe, data)
+    run, identity = read_run_record(save_dir), data_identity(recipe, data)
+    refuse_other_data(run, identity, "a run", save_dir)
+    if run and run.get("rc") == 0 and run.get("flags") == flags:
+        # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
+        log(f"== {recipe.name}: reusing the finished run in {save_dir}")
+        return 0
+    argv = train_argv(recipe, save_dir=save_dir, extra=extra, data=data, gpu=gpu, gpus=gpus,
+                      bn_sync_stats=bn_sync_stats)
+    check_flags(recipe, argv[1:])
+    save_dir.mkdir(parents=True, exist_ok=True)
+    record = {"config": str(recipe.path), "flags": flags, "extra": changes, **identity,
+              "gpus": 0 if "--cpu" in argv else gpus, "bn_sync_stats": "--bn-sync-stats" in argv,
+              "rc": None, "seconds": None}
+    write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+    log("$ " + shlex.join(argv))
+    t0 = time.time()
+    rc, _ = run_logged(argv, save_dir / "train.log", echo, child_env(threads))
+    record.update(rc=rc, seconds=round(time.time() - t0, 1))
+    write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+    return rc
+
+
+def describe_choice(ev) -> str:
+    """Which checkpoint a config evaluates, in words (results table)."""
+    if ev["checkpoint"]:
+        return f"checkpoint_{ev['checkpoint']}.pt"
+    if ev["average_last_epochs"]:
+        return f"average of the last {ev['average_last_epochs']} epoch checkpoints"
+    return f"average of the last {ev['average_last_updates']} update checkpoints"
+
+
+def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print) -> Tuple[Path, List[Path]]:
+    """The checkpoint the config evaluates: checkpoint_best/last.pt, or the average
+    (normplug-average) of the last N epoch or update checkpoints. Returns (path, [inputs])."""
+    from normplug.tools.common import numbered_checkpoints
+
+    ev, train_first = recipe.evaluate, f"train first (normplug-recipe train {recipe.path})"
+    if ev["checkpoint"]:
+        path = ckdir / f"checkpoint_{ev['checkpoint']}.pt"
+        if not path.exists():
+            raise ConfigError(f"no {path.name} in {ckdir}: {train_first}")
+        return path, [path]
+    kind, n = ("epoch", ev["average_last_epochs"]) if ev["average_last_epochs"] else \
+        ("update", ev["average_last_updates"])
+    found = [Path(p) for p in numbered_checkpoints(str(ckdir), kind)] if ckdir.is_dir() else []
+    if not found:
+        last = ckdir / "checkpoint_last.pt"
+        if not last.exists():
+            raise ConfigError(f"no {kind} checkpoints in {ckdir}: {train_first}")
+        log(f"no {kind} checkpoints in {ckdir} (the recipe averages the last {n}): decoding {last.name}")
+        return last, [last]
+    chosen = found[-n:]
+    if len(chosen) < n:
+        log(f"only {len(chosen)} {kind} checkpoint(s) in {ckdir}, the recipe averages {n}: averaging those")
+    if len(chosen) == 1:
+        return chosen[0], chosen
+    stem = f"averaged_last{len(chosen)}" + ("_updates" if kind == "update" else "")
+    out, stamp = ckdir / f"{stem}.pt", ckdir / f"{stem}.inputs"
+    wanted = "\n".join(f"{p.name} {p.stat().st_mtime_ns}" for p in chosen)
+    if out.exists() and stamp.exists() and stamp.read_text() == wanted:
+        log(f"reusing {out} (average of {', '.join(p.name for p in chosen)})")
+        return out, chosen
+    rc, text = run_logged([sys.executable, "-m", "normplug.tools.average", "--inputs", *map(str, chosen),
+                           "--output", str(out)])
+    if rc != 0:
+        raise RuntimeError(f"normplug-average failed (exit {rc}):\n{text[-3000:]}")
+    stamp.write_text(wanted)
+    log(f"averaged {', '.join(p.name for p in chosen)} -> {out}")
+    return out, chosen
+
+
+def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_generate=(),
+             log=print) -> Dict[str, object]:
+    """Pick the config's checkpoint, score it as its task is scored, and write
+    scores-<name>.json next to it, with the data it was computed on."""
+    ckdir = Path(ckdir) if ckdir else recipe.default_save_dir()
+    t0 = time.time()
+    check_data(recipe, data)
+    identity, scores_path = data_identity(recipe, data), ckdir / f"scores-{recipe.name}.json"
+    refuse_other_data(read_json(scores_path), identity, f"{scores_path.name}, scored", ckdir)
+    path, inputs = (Path(checkpoint), [Path(checkpoint)]) if checkpoint else choose_checkpoint(recipe, ckdir, log)
+    scores = {"config": str(recipe.path), "name": recipe.name, "checkpoint": str(path),
+              "checkpoint_choice": "given on the command line" if checkpoint else describe_choice(recipe.evaluate),
+              "averaged": [p.name for p in inputs], **identity,
+              **SCORING[recipe.task].score(recipe, path, ckdir, data=data, extra=extra_generate, log=log)}
+    scores.update(published=recipe.published, metric=recipe.metric,
+                  settings={k: v for k, v in recipe.evaluate.items() if k not in CHECKPOINT_CHOICES},
+                  seconds=round(time.time() - t0, 1),
+                  date=datetime.datetime.now().isoformat(timespec="seconds"))
+    if recipe.published is not None:
+        log(f"{recipe.name}: published {recipe.published} ({recipe.metric})")
+    write_atomic(scores_path, json.dumps(scores, indent=2) + "\n")
+    log(f"wrote {scores_path}")
+    return scores
