@@ -407,7 +407,11 @@ def test_bad_config_on_the_command_line(tmp_path, capsys):
         assert capsys.readouterr().err.splitlines() == [
             f"normplug: error: {bad}: evaluate: missing key 'lenpen' "
             f"(valid keys: {', '.join(recipes.TRANSLATION_EVALUATE_KEYS)})"], command
-    missing = _cli("train", tmp_path / "no.yaml")  # python -m normplug.recipes
+
+
+@pytest.mark.slow
+def test_the_module_runs_as_a_command(tmp_path):
+    missing = _cli("train", tmp_path / "no.yaml")  # python -m normplug.recipes, as normplug-recipe
     assert missing.returncode == 2 and missing.stderr.splitlines() == [
         f"normplug: error: {tmp_path / 'no.yaml'}: config file not found"]
 

@@ -230,14 +230,12 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert not (out / "tiny-never").exists()
 
 
-def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data):
+def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data, capsys):
     good = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.5, tiny_data)
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("  beam: 2\n", ""))
-    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce", str(good), str(bad),
-                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert f"normplug: error: {bad}: evaluate: missing key 'beam'" in proc.stderr
+    assert recipes.main(["reproduce", str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert f"normplug: error: {bad}: evaluate: missing key 'beam'" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny-ln").exists()
 
 
@@ -264,11 +262,7 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
         (run / recipes.RUN_RECORD).write_text(json.dumps(
             {"flags": flags, "extra": extra, "rc": 1 if name == "failed" else 0, "seconds": 3.0,
              "gpus": {"gpus": 4, "synced": 2}.get(name, 1), "bn_sync_stats": name == "synced"}))
-    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce",
-                           "--table-only", *map(str, configs.values()), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    assert proc.returncode == 0, proc.stderr
+    assert recipes.main(["reproduce", "--table-only", *map(str, configs.values()), "--out", str(out)]) == 0
     rows, md = table(out)
     assert {r["config"]: r["status"] for r in rows} == {
         "full": "full", "short": "shortened (extra args: --max-update 9)",
