@@ -39,7 +39,7 @@ class PowerNorm(BatchStatNorm):
     the first ``warmup_updates`` updates and by its running value ψ² afterwards and at
     inference; ψ² follows the released update rule. The warm-up counts updates:
     fairseq calls ``set_num_updates`` with the updates done before every training step.
-    ``impl`` picks the plain torch code below or the fused Triton kernels of triton_batch.py.
+    ``impl`` picks the plain torch code below or the fused Triton kernels of triton_power.py.
     """
 
     float32_buffers = ("running_psi2", "nu")
@@ -115,7 +115,7 @@ class PowerNorm(BatchStatNorm):
         return torch.where(real, y, 0).to(x.dtype)
 
     def _forward_fused(self, x, pad_mask):
-        from .triton_batch import power_norm  # imports triton, which the torch path never needs
+        from .triton_power import power_norm  # imports triton, which the torch path never needs
         check_pad_mask(x, pad_mask)
         y, sigma2 = power_norm(
             x, pad_mask, self.weight, self.bias, self.running_psi2, self.nu, self.num_updates,
