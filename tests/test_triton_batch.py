@@ -242,3 +242,84 @@ def test_synced_statistics_match_the_torch_path(tmp_path):
                 assert_close(state_fused[key], value)
         for key, value in res[0][name][3].items():  # synced: both workers hold the same statistics
             assert_close(res[1][name][3][key], value)
+
+
+_RECORD_LAUNCHES = """
+import json, sys, torch
+import triton
+from normplug.norms import create_norm, triton_batch, triton_power
+
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bool: "i1", torch.uint8: "u8", torch.int64: "i64", torch.int32: "i32"}
+seen = {}
+
+def spy(module, name, kernel):
+    def launch(grid):
+        def call(*args, **constexprs):
+            types = [("*" + DTYPES[a.dtype]) if isinstance(a, torch.Tensor) else
+                     "constexpr" if a is None else "i32" if isinstance(a, int) else "fp32" for a in args]
+            nones = [n for n, a in zip(kernel.arg_names, args) if a is None]
+            seen[json.dumps([module, name, types, nones, sorted(constexprs.items())])] = 1
+            return kernel[grid](*args, **constexprs)
+        return call
+    return type("Spy", (), {"__getitem__": lambda self, grid: launch(grid)})()
+
+for module in (triton_batch, triton_power):
+    for name in [n for n in dir(module) if n.endswith("_kernel")]:
+        setattr(module, name, spy(module.__name__, name, getattr(module, name)))
+
+pad = torch.arange(5)[None, :] >= torch.tensor([5, 2, 4])[:, None]
+for name, options in (("batch", {}), ("batch", {"affine": False}), ("batch", {"test_stats": "batch"}),
+                      ("power", {"groups": 4}), ("power", {"affine": False})):
+    for dtype, mask in ((torch.float32, pad), (torch.float16, None)):
+        norm = create_norm(name, 24, impl="triton", **options).to(dtype)
+        for training in (True, False):
+            norm.train(training)
+            x = torch.randn(5, 3, 24, dtype=dtype, requires_grad=True)
+            y = norm(x, pad_mask=mask)
+            loss = y.float().sum()
+            if name == "batch" and training:
+                d = norm.discrepancy()
+                loss = loss + d.rbn_mean + d.rbn_var
+            loss.backward()
+print(json.dumps(list(seen)))
+"""
+
+_COMPILE_RECORDED = """
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+for entry in json.loads(sys.stdin.read()):
+    module, name, types, nones, constexprs = json.loads(entry)
+    kernel = getattr(importlib.import_module(module), name)
+    names = kernel.arg_names
+    signature = dict(zip(names, types))
+    values = dict(constexprs)
+    values.update({n: None for n in nones})
+    signature.update({n: "constexpr" for n in values})
+    source = ASTSource(kernel, signature, constexprs=values)
+    assert "cubin" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm, name
+print("compiled")
+"""
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_a_gpu():
+    """Every launch the CPU tests make (recorded under the interpreter, with its argument types and
+    constexprs) compiles with Triton's own compiler for sm_90, down to the GPU binary: the
+    interpreter accepts code the compiler rejects. No GPU is needed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    recorded = subprocess.run([sys.executable, "-c", _RECORD_LAUNCHES], env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert recorded.returncode == 0, recorded.stderr[-3000:]
+    launches = recorded.stdout.strip().splitlines()[-1]
+    assert len(__import__("json").loads(launches)) >= 9
+    env.pop("TRITON_INTERPRET")
+    done = subprocess.run([sys.executable, "-c", _COMPILE_RECORDED], input=launches, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr[-3000:]
