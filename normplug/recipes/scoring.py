@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .commands import child_env, eval_lm_argv, generate_argv, run_logged
+from .commands import child_env, eval_lm_argv, generate_argv, run_checked
 from .config import ConfigError, Recipe
 
 
@@ -167,10 +167,7 @@ def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, data=Non
         argv = eval_lm_argv(recipe, checkpoint, context, data=data, extra=extra)
         log_path = ckdir / f"eval-lm-{recipe.name}{'-sliding' if context else ''}.log"
         log("$ " + shlex.join(argv))
-        rc, text = run_logged(argv, log_path)
-        if rc != 0:
-            raise RuntimeError(f"fairseq-eval-lm failed (exit {rc}); see {log_path}:\n{text[-3000:]}")
-        tokens, bits = parse_eval_lm(text)
+        tokens, bits = parse_eval_lm(run_checked(argv, "fairseq-eval-lm", log_path))
         if tokens != expected:
             raise RuntimeError(f"fairseq-eval-lm scored {tokens:,} of the {expected:,} tokens of the "
                                f"{ev['gen_subset']} split (it skips windows longer than the model's "

@@ -8,8 +8,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .commands import check_flags, merged_flags, split_extra, train_argv, write_atomic
 from .config import ConfigError, Recipe, load_config
-from .runs import (check_data, data_identity, describe_choice, evaluate, read_json, read_run_record,
-                   refuse_other_data, train)
+from .runs import RUN_RECORD, check_record, describe_choice, evaluate, read_json, read_run_record, train
 from .scoring import SCORING
 
 # scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
@@ -127,8 +126,7 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     if not table_only:
         for recipe in recipes:
             ckdir = out / recipe.training_name
-            check_data(recipe, data)
-            refuse_other_data(read_run_record(ckdir), data_identity(recipe, data), "a run", ckdir)
+            check_record(recipe, data, ckdir / RUN_RECORD, "a run")
             check_flags(recipe, train_argv(recipe, ckdir, extra, data, gpus=gpus, bn_sync_stats=bn_sync_stats)[1:])
     out.mkdir(parents=True, exist_ok=True)
     rows, trained, failed = [], {}, 0
