@@ -66,25 +66,15 @@ def check_data(recipe: Recipe, data=None):
                           f"remove_bpe: {theirs} or prepare the data the config expects")
 
 
-def _print_line(line):
-    sys.stdout.write(line)
-    sys.stdout.flush()
-
-
-def save_dir_of(recipe: Recipe, save_dir=None, extra: Sequence[str] = ()) -> Path:
-    """A --save-dir among the extra arguments, else ``save_dir``, else the default."""
-    for key, words in split_extra(extra):
-        if key == "save-dir" and words:
-            save_dir = words[0]
-    return Path(save_dir) if save_dir else recipe.default_save_dir()
-
-
 def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, gpus: int = 1,
           bn_sync_stats: bool = False, gpu: Optional[bool] = None, threads: Optional[int] = None,
-          echo=_print_line, log=print) -> int:
+          echo=lambda line: print(line, end="", flush=True), log=print) -> int:
     """fairseq-train into ``save_dir`` (train.log, run record), or nothing when a run there finished
     with the same flags on the same data. Returns fairseq-train's exit status."""
-    save_dir = save_dir_of(recipe, save_dir, extra)
+    for key, words in split_extra(extra):  # a --save-dir among the extra arguments wins
+        if key == "save-dir" and words:
+            save_dir = words[0]
+    save_dir = Path(save_dir) if save_dir else recipe.default_save_dir()
     changes = recipe_changes(extra)
     flags = merged_flags(recipe, changes)
     run, identity = check_record(recipe, data, save_dir / RUN_RECORD, "a run")
