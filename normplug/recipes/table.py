@@ -32,8 +32,7 @@ N GPUs with update-freq / N, BN statistics per GPU or synced (--bn-sync-stats)."
 
 
 def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> str:
-    """``not run``, ``failed: ...``, ``stale: ...``, ``shortened (...)`` or ``full``; then the
-    GPUs of a run spread over several, and whether their BN statistics were synced."""
+    """``not run``, ``failed: ...``, ``stale: ...``, ``shortened (...)`` or ``full``; then GPUs if several."""
     if run is not None and run.get("rc") not in (0, None):
         return f"failed: fairseq-train exited {run['rc']}"
     if scores is None:
@@ -52,8 +51,7 @@ def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> s
 
 
 def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict[str, object]:
-    """One table row from what a run left in ``out/<training name>`` (``failure``: this attempt
-    failed; older scores there are not shown)."""
+    """One table row from what a run left in ``out/<training name>`` (after a ``failure``: no old scores)."""
     ckdir = out / recipe.training_name
     run, scoring = read_run_record(ckdir), SCORING[recipe.task]
     row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting,
@@ -114,8 +112,8 @@ def write_results(rows, out: Path) -> List[str]:
 
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None, table_only=False,
               gpus: int = 1, bn_sync_stats: bool = False, log=print) -> int:
-    """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what
-    runs left there); results.md / results.csv in ``out``. Returns an exit status."""
+    """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what runs
+    left there); results.md / results.csv in ``out``. Returns an exit status."""
     out = Path(out)
     recipes = [load_config(p) for p in config_paths]  # every config is checked before any work
     if table_only and extra:
