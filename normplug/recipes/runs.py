@@ -24,10 +24,6 @@ def read_json(path: Path) -> Optional[dict]:
         return None
 
 
-def read_run_record(save_dir) -> Optional[dict]:
-    return read_json(Path(save_dir) / RUN_RECORD)
-
-
 def data_identity(recipe: Recipe, data=None) -> Dict[str, object]:
     """What a run or a score was computed on: the data folder, resolved, and its dictionaries."""
     path = recipe.data_path(data)

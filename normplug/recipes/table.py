@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .commands import check_flags, merged_flags, split_extra, train_argv, write_atomic
 from .config import ConfigError, Recipe, load_config
-from .runs import RUN_RECORD, check_record, describe_choice, evaluate, read_json, read_run_record, train
+from .runs import RUN_RECORD, check_record, describe_choice, evaluate, read_json, train
 from .scoring import SCORING
 
 # scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
@@ -53,7 +53,7 @@ def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> s
 def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict[str, object]:
     """One table row from what a run left in ``out/<training name>`` (after a ``failure``: no old scores)."""
     ckdir = out / recipe.training_name
-    run, scoring = read_run_record(ckdir), SCORING[recipe.task]
+    run, scoring = read_json(ckdir / RUN_RECORD), SCORING[recipe.task]
     row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting,
            "norm": recipe.norm, "paper": recipe.paper, "metric": recipe.metric, "better": scoring.better,
            "metric_name": scoring.metric, "published": recipe.published,
