@@ -164,10 +164,10 @@ def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, data=None, gpu
                  extra: Sequence[str] = ()) -> List[str]:
     """``fairseq-eval-lm`` on windows of the training length, each scoring its last
     (length - context_window) tokens with the context_window tokens before them."""
-    flags = ["--task", "language_modeling", "--gen-subset", recipe.evaluate["gen_subset"],
-             "--sample-break-mode", "none", "--tokens-per-sample", str(recipe.train_value("tokens-per-sample")),
-             "--context-window", str(context_window), "--batch-size", str(recipe.evaluate["batch_size"]),
-             "--no-progress-bar"]
+    ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
+    flags = ["--task", "language_modeling", "--gen-subset", ev["gen_subset"], "--sample-break-mode", "none",
+             "--tokens-per-sample", str(length), "--context-window", str(context_window),
+             "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
     return _scoring_argv("fairseq-eval-lm", recipe, checkpoint, data, gpu, extra, flags)
 
 
