@@ -12,7 +12,6 @@ the corpus and the finished trainings; --force redoes everything.
 """
 import argparse
 import csv
-import io
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from normplug.recipes import child_env, evaluate, fmt, load_config, run_logged, train, write_atomic, write_csv
-from normplug.tools.common import numbered_checkpoints
+from normplug.tools.common import atomic_path, numbered_checkpoints
 
 SCRIPTS = Path(__file__).resolve().parent
 KINDS = ("ln", "bn", "rbn")
@@ -107,11 +106,9 @@ def draw_comparison(tid_points, path: Path):
         ax.legend()
     fig.suptitle("Demo: TID on the valid split over training, BN vs RBN (synthetic corpus)", fontsize=11)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    with atomic_path(str(path)) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    path.with_name(path.name + ".tmp").write_bytes(buf.getvalue())
-    os.replace(path.with_name(path.name + ".tmp"), path)
 
 
 def write_table(out: Path, scores, tid_points):

@@ -1,6 +1,5 @@
-"""``normplug-recipe`` (``python -m normplug.recipes``): the command line of the driver, and the
-one place where its errors become one line and an exit status (2: a bad config or option,
-1: a failed run)."""
+"""``normplug-recipe`` (``python -m normplug.recipes``): the driver's command line, where its errors
+become one line and an exit status (2: a bad config or option, 1: a failed run)."""
 import argparse
 import shlex
 import sys
@@ -83,9 +82,6 @@ def main(argv=None) -> int:
         else:
             args = parser.parse_args(own)
         return run(args, extra)
-    except NormplugError as err:
+    except (NormplugError, RuntimeError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, NormplugError) else 1

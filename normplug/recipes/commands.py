@@ -1,5 +1,4 @@
-"""The fairseq command lines of a recipe (fairseq-train, fairseq-generate, fairseq-eval-lm), and
-the driver's child processes and files."""
+"""The fairseq command lines of a recipe, and the driver's child processes and files."""
 import contextlib
 import io
 import logging
@@ -45,8 +44,7 @@ def split_extra(tokens: Sequence[str]) -> List[Tuple[str, List[str]]]:
 
 
 def merged_flags(recipe: Recipe, extra: Sequence[str] = ()) -> Dict[str, List[str]]:
-    """The recipe's train flags with the extra arguments over them (an override goes last,
-    where the log shows it)."""
+    """The recipe's train flags, the extra arguments over them (an override goes last, in the log)."""
     flags = {key: words for key, value in recipe.train.items() if (words := _words(value)) is not None}
     for key, words in split_extra(extra):
         flags.pop(key, None)
@@ -76,8 +74,8 @@ def fairseq_exe(tool: str) -> str:
 
 def device_flags(flags: Dict[str, List[str]], gpus: int = 1, bn_sync_stats: bool = False,
                  gpu: Optional[bool] = None) -> Dict[str, List[str]]:
-    """``--cpu``, or fairseq 0.12's GPU count pinned (it takes every visible GPU unless told);
-    N GPUs divide the recipe's update-freq by N, which keeps the effective batch."""
+    """``--cpu``, or the GPU count pinned (fairseq 0.12 takes every visible GPU unless told);
+    N GPUs divide update-freq by N, which keeps the effective batch."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be 1 or more, got {gpus}")
     if bn_sync_stats and gpus == 1:
@@ -123,8 +121,7 @@ _FAIRSEQ_PARSER = threading.Lock()
 
 
 def check_flags(recipe: Recipe, argv: Sequence[str]):
-    """fairseq-train's own parser on ``argv`` (without the executable), before anything is
-    written; its error comes back as one line that names the config."""
+    """fairseq-train's own parser on ``argv`` (no executable); its error as one line naming the config."""
     from fairseq import options
 
     err = io.StringIO()
@@ -139,40 +136,43 @@ def check_flags(recipe: Recipe, argv: Sequence[str]):
             logging.disable(logging.NOTSET)
 
 
+def _scoring_argv(tool, recipe: Recipe, checkpoint, data, gpu, extra, flags) -> List[str]:
+    """``tool`` on a checkpoint of the recipe with ``flags``, then --cpu without a GPU, then ``extra``."""
+    return [fairseq_exe(tool), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
+            "--path", str(checkpoint), *flags, *([] if use_gpu(gpu) else ["--cpu"]), *extra]
+
+
 def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = None,
                   extra: Sequence[str] = ()) -> List[str]:
     """``fairseq-generate`` with the recipe's decoding settings."""
     ev = recipe.evaluate
-    argv = [fairseq_exe("fairseq-generate"), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
-            "--path", str(checkpoint), "--source-lang", recipe.source_lang,
-            "--target-lang", recipe.target_lang, "--gen-subset", ev["gen_subset"],
-            # fairseq 0.12's batch_by_size drops the sentences that do not fill a multiple
-            # of 8 at the end of a batch (30 test sentences: 24 decoded); 1 decodes them all
-            "--required-batch-size-multiple", "1"]
+    flags = ["--source-lang", recipe.source_lang, "--target-lang", recipe.target_lang,
+             "--gen-subset", ev["gen_subset"],
+             # fairseq 0.12's batch_by_size drops the sentences that do not fill a multiple
+             # of 8 at the end of a batch (30 test sentences: 24 decoded); 1 decodes them all
+             "--required-batch-size-multiple", "1"]
     for key in ("beam", "lenpen", "max_len_a", "max_len_b", "batch_size"):
-        argv += ["--" + key.replace("_", "-"), *_words(ev[key])]
+        flags += ["--" + key.replace("_", "-"), *_words(ev[key])]
     if ev["remove_bpe"]:
-        argv += ["--remove-bpe", ev["remove_bpe"]]
+        flags += ["--remove-bpe", ev["remove_bpe"]]
     if ev["model_overrides"]:
-        argv += ["--model-overrides", repr(dict(ev["model_overrides"]))]
-    return argv + ([] if use_gpu(gpu) else ["--cpu"]) + list(extra)
+        flags += ["--model-overrides", repr(dict(ev["model_overrides"]))]
+    return _scoring_argv("fairseq-generate", recipe, checkpoint, data, gpu, extra, flags)
 
 
 def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, data=None, gpu: Optional[bool] = None,
                  extra: Sequence[str] = ()) -> List[str]:
-    """``fairseq-eval-lm`` on windows of the training length: with ``context_window`` 0 they do
-    not overlap; with C > 0 each scores its last (length - C) tokens with the C before them."""
-    ev = recipe.evaluate
-    argv = [fairseq_exe("fairseq-eval-lm"), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
-            "--path", str(checkpoint), "--task", "language_modeling", "--gen-subset", ev["gen_subset"],
-            "--sample-break-mode", "none", "--tokens-per-sample", str(recipe.train_value("tokens-per-sample")),
-            "--context-window", str(context_window), "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
-    return argv + ([] if use_gpu(gpu) else ["--cpu"]) + list(extra)
+    """``fairseq-eval-lm`` on windows of the training length, each scoring its last
+    (length - context_window) tokens with the context_window tokens before them."""
+    ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
+    flags = ["--task", "language_modeling", "--gen-subset", ev["gen_subset"], "--sample-break-mode", "none",
+             "--tokens-per-sample", str(length), "--context-window", str(context_window),
+             "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
+    return _scoring_argv("fairseq-eval-lm", recipe, checkpoint, data, gpu, extra, flags)
 
 
 def child_env(threads: Optional[int] = None) -> Dict[str, str]:
-    """The environment of every child: this process's normplug first on the path (for
-    ``python -m normplug.tools.*``); ``threads`` caps the BLAS/OpenMP threads."""
+    """Every child's environment: this normplug first on the path; ``threads`` caps BLAS/OpenMP."""
     env = dict(os.environ)
     env.setdefault("PYTHONWARNINGS", "ignore")
     env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN_DIR.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -182,22 +182,29 @@ def child_env(threads: Optional[int] = None) -> Dict[str, str]:
 
 
 def run_logged(argv, log_path=None, echo=None, env=None) -> Tuple[int, str]:
-    """Run a command, its output (stdout and stderr) to ``log_path`` and, line by line, to
-    ``echo``. Returns (exit status, output)."""
+    """Run a command, its stdout and stderr to ``log_path`` and, line by line, to ``echo``.
+    Returns (exit status, output)."""
     lines = []
-    with contextlib.ExitStack() as stack:
-        log = stack.enter_context(open(log_path, "w", encoding="utf-8")) if log_path else None
+    with open(log_path or os.devnull, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env or child_env(), bufsize=1)
         for line in proc.stdout:
             lines.append(line)
-            if log:
-                log.write(line)
-                log.flush()
+            log.write(line)
+            log.flush()
             if echo:
                 echo(line)
         rc = proc.wait()
     return rc, "".join(lines)
+
+
+def run_checked(argv, what: str, log_path=None, env=None) -> str:
+    """:func:`run_logged`, its output returned; a failure raises the output's tail."""
+    rc, text = run_logged(argv, log_path, env=env)
+    if rc != 0:
+        see = f"; see {log_path}" if log_path else ""
+        raise RuntimeError(f"{what} failed (exit {rc}){see}:\n{text[-3000:]}")
+    return text
 
 
 def write_atomic(path: Path, text: str):

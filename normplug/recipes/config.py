@@ -1,6 +1,5 @@
 """The config format: one YAML file per published row (``base: FILE`` merged in), read into a
-:class:`Recipe`. ``data`` and the default save dir ``checkpoints/<name>`` are relative to the
-current directory, as fairseq's paths are."""
+:class:`Recipe`; its paths are relative to the current directory, as fairseq's are."""
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,17 +76,14 @@ class Recipe:
     target_lang: Optional[str] = None
 
     @property
-    def training_name(self) -> str:
-        """Name of the training run: this config's, or the one it shares."""
+    def training_name(self) -> str:  # this config's run, or the one it shares
         return self.shares_training_with or self.name
 
     @property
     def task(self) -> str:
-        """The fairseq task (translation unless train: says)."""
         return task_name(self.train)
 
-    def train_value(self, flag: str):
-        """A train: value, written with dashes or underscores."""
+    def train_value(self, flag: str):  # written with dashes or underscores
         return self.train.get(flag, self.train.get(flag.replace("-", "_")))
 
     def data_path(self, override=None) -> Path:
@@ -122,10 +118,6 @@ def _checked(where: str, given: dict, spec: dict) -> dict:
     return out
 
 
-class _DuplicateKey(Exception):
-    """A key given twice in one YAML mapping."""
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML keeps the last of two equal keys; a config refuses them."""
 
@@ -134,7 +126,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise _DuplicateKey(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+                raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -143,7 +135,7 @@ def read_merged(path: Path, children=()) -> dict:
     """A config's mapping with its ``base:`` chain merged in (the config's values win)."""
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-    except _DuplicateKey as err:
+    except ConfigError as err:  # a duplicate key
         raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
@@ -208,7 +200,7 @@ def load_config(path) -> "Recipe":
 
 
 def check_translation(recipe: Recipe):
-    """The translation part of a config: sacreBLEU's language and references."""
+    """sacreBLEU's language and references."""
     ev = recipe.evaluate
     ev["detok_lang"] = ev["detok_lang"] or recipe.target_lang
     if ev["sacrebleu_test_set"] is not None:
@@ -224,8 +216,7 @@ def check_translation(recipe: Recipe):
 
 
 def check_language_model(recipe: Recipe):
-    """Evaluation uses windows of the training length: train: must say it, and the sliding
-    window's context must leave a token to score."""
+    """Evaluation uses windows of the training length: train: must say it, and the context leave a token."""
     length, context = recipe.train_value("tokens-per-sample"), recipe.evaluate["context_window"]
     if not isinstance(length, int) or isinstance(length, bool) or length < 2:
         raise ConfigError(f"{recipe.path}: train: 'tokens-per-sample' must be set to the training length "
@@ -235,8 +226,7 @@ def check_language_model(recipe: Recipe):
                           f"training length {length} minus at least one scored token), got {context}")
 
 
-class TaskFormat(NamedTuple):
-    """The config keys of one fairseq task and the checks beyond them."""
+class TaskFormat(NamedTuple):  # the config keys of one fairseq task and the checks beyond them
     top_keys: Dict[str, tuple]
     evaluate_keys: Dict[str, tuple]
     check: Callable

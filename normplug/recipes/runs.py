@@ -1,5 +1,5 @@
 """Training and evaluating one recipe, each leaving a record of what it ran on: the save dir's
-run record (flags, data, device, exit status) and ``scores-<name>.json`` beside it."""
+run record and ``scores-<name>.json`` beside it."""
 import datetime
 import hashlib
 import json
@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import (check_flags, child_env, merged_flags, recipe_changes, run_logged, split_extra, train_argv,
-                       write_atomic)
+from .commands import (check_flags, child_env, merged_flags, recipe_changes, run_checked, run_logged,
+                       split_extra, train_argv, write_atomic)
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
 from .scoring import SCORING
 
@@ -24,10 +24,6 @@ def read_json(path: Path) -> Optional[dict]:
         return None
 
 
-def read_run_record(save_dir) -> Optional[dict]:
-    return read_json(Path(save_dir) / RUN_RECORD)
-
-
 def data_identity(recipe: Recipe, data=None) -> Dict[str, object]:
     """What a run or a score was computed on: the data folder, resolved, and its dictionaries."""
     path = recipe.data_path(data)
@@ -35,19 +31,20 @@ def data_identity(recipe: Recipe, data=None) -> Dict[str, object]:
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in sorted(path.glob("dict*.txt"))}}
 
 
-def refuse_other_data(record: Optional[dict], identity: dict, what: str, folder: Path):
-    """A run or score on other data is never reused or overwritten: one line saying so (what
-    a record of an older driver does not say is not compared)."""
+def check_record(recipe: Recipe, data, record_path: Path, what: str) -> Tuple[Optional[dict], dict]:
+    """:func:`check_data`, and a run or score on other data is never reused or overwritten (keys
+    a record lacks are not compared). Returns (the record, the data's identity)."""
+    check_data(recipe, data)
+    record, identity = read_json(record_path), data_identity(recipe, data)
     if record is None or all(record[k] == v for k, v in identity.items() if k in record):
-        return
-    raise ConfigError(f"{folder} holds {what} on other data ({record.get('data')}, dictionaries "
+        return record, identity
+    raise ConfigError(f"{record_path.parent} holds {what} on other data ({record.get('data')}, dictionaries "
                       f"{record.get('dictionaries')}), not {identity['data']} (dictionaries "
                       f"{identity['dictionaries']}): use another folder or remove that one")
 
 
 def check_data(recipe: Recipe, data=None):
-    """Refuse a missing data folder, and a ``remove_bpe`` other than the data needs, as recorded
-    in the ``prepare.json`` of the data scripts (data made otherwise has none)."""
+    """Refuse a missing data folder, and a ``remove_bpe`` other than the data's prepare.json records."""
     folder = recipe.data_path(data)
     if not folder.is_dir():
         raise ConfigError(f"{recipe.path}: data folder {folder} not found (prepare it, or pass --data DIR)")
@@ -65,31 +62,18 @@ def check_data(recipe: Recipe, data=None):
                           f"remove_bpe: {theirs} or prepare the data the config expects")
 
 
-def _print_line(line):
-    sys.stdout.write(line)
-    sys.stdout.flush()
-
-
-def save_dir_of(recipe: Recipe, save_dir=None, extra: Sequence[str] = ()) -> Path:
-    """The run's save dir: a --save-dir among the extra arguments, else ``save_dir``, else the default."""
-    for key, words in split_extra(extra):
-        if key == "save-dir" and words:
-            save_dir = words[0]
-    return Path(save_dir) if save_dir else recipe.default_save_dir()
-
-
 def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, gpus: int = 1,
           bn_sync_stats: bool = False, gpu: Optional[bool] = None, threads: Optional[int] = None,
-          echo=_print_line, log=print) -> int:
-    """fairseq-train for a recipe into ``save_dir``, or nothing when a run there finished with
-    the same flags on the same data. Writes train.log and the run record there; returns
-    fairseq-train's exit status."""
-    save_dir = save_dir_of(recipe, save_dir, extra)
+          echo=lambda line: print(line, end="", flush=True), log=print) -> int:
+    """fairseq-train into ``save_dir`` (train.log, run record), or nothing when a run there finished
+    with the same flags on the same data. Returns fairseq-train's exit status."""
+    for key, words in split_extra(extra):  # a --save-dir among the extra arguments wins
+        if key == "save-dir" and words:
+            save_dir = words[0]
+    save_dir = Path(save_dir) if save_dir else recipe.default_save_dir()
     changes = recipe_changes(extra)
     flags = merged_flags(recipe, changes)
-    check_data(recipe, data)
-    run, identity = read_run_record(save_dir), data_identity(recipe, data)
-    refuse_other_data(run, identity, "a run", save_dir)
+    run, identity = check_record(recipe, data, save_dir / RUN_RECORD, "a run")
     if run and run.get("rc") == 0 and run.get("flags") == flags:
         # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
         log(f"== {recipe.name}: reusing the finished run in {save_dir}")
@@ -120,8 +104,7 @@ def describe_choice(ev) -> str:
 
 
 def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print) -> Tuple[Path, List[Path]]:
-    """The checkpoint the config evaluates: checkpoint_best/last.pt, or the average
-    (normplug-average) of the last N epoch or update checkpoints. Returns (path, [inputs])."""
+    """checkpoint_best/last.pt, or the average of the last N epoch/update checkpoints: (path, [inputs])."""
     from normplug.tools.common import numbered_checkpoints
 
     ev, train_first = recipe.evaluate, f"train first (normplug-recipe train {recipe.path})"
@@ -150,10 +133,8 @@ def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print) -> Tuple[Path, Lis
     if out.exists() and stamp.exists() and stamp.read_text() == wanted:
         log(f"reusing {out} (average of {', '.join(p.name for p in chosen)})")
         return out, chosen
-    rc, text = run_logged([sys.executable, "-m", "normplug.tools.average", "--inputs", *map(str, chosen),
-                           "--output", str(out)])
-    if rc != 0:
-        raise RuntimeError(f"normplug-average failed (exit {rc}):\n{text[-3000:]}")
+    run_checked([sys.executable, "-m", "normplug.tools.average", "--inputs", *map(str, chosen),
+                 "--output", str(out)], "normplug-average")
     stamp.write_text(wanted)
     log(f"averaged {', '.join(p.name for p in chosen)} -> {out}")
     return out, chosen
@@ -161,13 +142,11 @@ def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print) -> Tuple[Path, Lis
 
 def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_generate=(),
              log=print) -> Dict[str, object]:
-    """Pick the config's checkpoint, score it as its task is scored, and write
-    scores-<name>.json next to it, with the data it was computed on."""
+    """Score the config's checkpoint into scores-<name>.json beside it, with the data it was scored on."""
     ckdir = Path(ckdir) if ckdir else recipe.default_save_dir()
     t0 = time.time()
-    check_data(recipe, data)
-    identity, scores_path = data_identity(recipe, data), ckdir / f"scores-{recipe.name}.json"
-    refuse_other_data(read_json(scores_path), identity, f"{scores_path.name}, scored", ckdir)
+    scores_path = ckdir / f"scores-{recipe.name}.json"
+    identity = check_record(recipe, data, scores_path, f"{scores_path.name}, scored")[1]
     path, inputs = (Path(checkpoint), [Path(checkpoint)]) if checkpoint else choose_checkpoint(recipe, ckdir, log)
     scores = {"config": str(recipe.path), "name": recipe.name, "checkpoint": str(path),
               "checkpoint_choice": "given on the command line" if checkpoint else describe_choice(recipe.evaluate),

@@ -3,11 +3,10 @@ it) and language models (perplexity, fairseq's sliding window beside it)."""
 import re
 import shlex
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .commands import child_env, eval_lm_argv, generate_argv, run_logged
+from .commands import child_env, eval_lm_argv, generate_argv, run_checked
 from .config import ConfigError, Recipe
 
 
@@ -33,8 +32,7 @@ def compound_split(line: str) -> str:
 
 
 def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lowercase=False, split=False):
-    """BLEU of tokenized text with fairseq's scorer (multi-bleu.perl's), as the papers scored it.
-    Returns (score, fairseq's result string)."""
+    """(BLEU, result string) of tokenized text by fairseq's scorer (multi-bleu.perl's), as the papers did."""
     from fairseq.data import Dictionary
     from fairseq.scoring.bleu import BleuConfig, Scorer
 
@@ -66,8 +64,8 @@ def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str], lowercase=False):
 
 
 def official_references(test_set: str, langpair: str) -> List[str]:
-    """The references of a sacrebleu test set (``wmt14/full``), fetched once into ``$SACREBLEU``.
-    A failed fetch leaves that folder as it was (sacrebleu would leave a lock and a partial file)."""
+    """A sacrebleu test set's references, fetched once into ``$SACREBLEU``; a failed fetch leaves that
+    folder as it was (sacrebleu would leave a lock and a partial file)."""
     import sacrebleu.utils
 
     root = Path(sacrebleu.utils.SACREBLEU_DIR)
@@ -92,8 +90,8 @@ def official_references(test_set: str, langpair: str) -> List[str]:
 
 def score(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str],
           official: Optional[Sequence[str]] = None) -> Dict[str, object]:
-    """Tokenized BLEU (the published metric), and sacreBLEU of the detokenized hypotheses against
-    ``official`` references (a sacrebleu test set) or the binarized test set's, detokenized."""
+    """Tokenized BLEU (the published metric), and sacreBLEU of the detokenized hypotheses against the
+    ``official`` references or the binarized test set's, detokenized."""
     ev = recipe.evaluate
     tok, detail = tokenized_bleu(hyps, refs, lowercase=ev["lowercase"], split=ev["compound_split"])
     case = "lowercased" if ev["lowercase"] else "cased"
@@ -145,32 +143,24 @@ def parse_eval_lm(text: str) -> Tuple[int, float]:
     return int(tokens[0].replace(",", "")), float(bits[0])
 
 
-def split_tokens(recipe: Recipe, data=None) -> int:
-    """Tokens (end-of-line symbols included) of the evaluated split of the binarized data."""
-    from fairseq.data import data_utils
-
-    prefix = recipe.data_path(data) / recipe.evaluate["gen_subset"]
-    dataset = data_utils.load_indexed_dataset(str(prefix), None)
-    if dataset is None:
-        raise ConfigError(f"no binarized split {prefix.name!r} in {prefix.parent}")
-    return int(dataset.sizes.sum())
-
-
 def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, extra=(), log=print):
     """Test perplexity = 2 ** (fairseq-eval-lm's mean loss in bits), twice: non-overlapping
     windows of the training length (the published figure) and fairseq's sliding window. Both
     must score every token: fairseq-eval-lm skips windows longer than the model's positions."""
+    from fairseq.data import data_utils
+
     ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
-    expected = split_tokens(recipe, data)
+    prefix = recipe.data_path(data) / ev["gen_subset"]
+    dataset = data_utils.load_indexed_dataset(str(prefix), None)
+    if dataset is None:
+        raise ConfigError(f"no binarized split {prefix.name!r} in {prefix.parent}")
+    expected = int(dataset.sizes.sum())  # end-of-line symbols included
     scores = {"tokens": expected}
     for prefix, context in (("", 0), ("sliding_window_", ev["context_window"])):
         argv = eval_lm_argv(recipe, checkpoint, context, data=data, extra=extra)
         log_path = ckdir / f"eval-lm-{recipe.name}{'-sliding' if context else ''}.log"
         log("$ " + shlex.join(argv))
-        rc, text = run_logged(argv, log_path)
-        if rc != 0:
-            raise RuntimeError(f"fairseq-eval-lm failed (exit {rc}); see {log_path}:\n{text[-3000:]}")
-        tokens, bits = parse_eval_lm(text)
+        tokens, bits = parse_eval_lm(run_checked(argv, "fairseq-eval-lm", log_path))
         if tokens != expected:
             raise RuntimeError(f"fairseq-eval-lm scored {tokens:,} of the {expected:,} tokens of the "
                                f"{ev['gen_subset']} split (it skips windows longer than the model's "
@@ -189,13 +179,13 @@ def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, data=Non
     return scores
 
 
-@dataclass(frozen=True)
-class Scoring:
-    """How the checkpoints of one fairseq task are scored."""
-    score: Callable         # (recipe, checkpoint, ckdir, data, extra, log) -> scores
-    published_score: str    # the score compared with `published`
-    metric: str             # its name in the table
-    better: str             # "higher" or "lower"
+class Scoring(NamedTuple):
+    """How a task's checkpoints are scored: score(recipe, checkpoint, ckdir, data, extra, log) -> scores;
+    published_score is compared with `published`, named metric in the table, better higher or lower."""
+    score: Callable
+    published_score: str
+    metric: str
+    better: str
 
 
 SCORING = {"translation": Scoring(score_translation, "tokenized_bleu", "BLEU", "higher"),

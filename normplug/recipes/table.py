@@ -8,8 +8,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .commands import check_flags, merged_flags, split_extra, train_argv, write_atomic
 from .config import ConfigError, Recipe, load_config
-from .runs import (check_data, data_identity, describe_choice, evaluate, read_json, read_run_record,
-                   refuse_other_data, train)
+from .runs import RUN_RECORD, check_record, describe_choice, evaluate, read_json, train
 from .scoring import SCORING
 
 # scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
@@ -33,8 +32,7 @@ N GPUs with update-freq / N, BN statistics per GPU or synced (--bn-sync-stats)."
 
 
 def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> str:
-    """``not run``, ``failed: ...``, ``stale: ...``, ``shortened (...)`` or ``full``; then the
-    GPUs of a run spread over several, and whether their BN statistics were synced."""
+    """``not run``, ``failed: ...``, ``stale: ...``, ``shortened (...)`` or ``full``; then GPUs if several."""
     if run is not None and run.get("rc") not in (0, None):
         return f"failed: fairseq-train exited {run['rc']}"
     if scores is None:
@@ -53,10 +51,9 @@ def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> s
 
 
 def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict[str, object]:
-    """One table row from what a run left in ``out/<training name>`` (``failure``: this attempt
-    failed; older scores there are not shown)."""
+    """One table row from what a run left in ``out/<training name>`` (after a ``failure``: no old scores)."""
     ckdir = out / recipe.training_name
-    run, scoring = read_run_record(ckdir), SCORING[recipe.task]
+    run, scoring = read_json(ckdir / RUN_RECORD), SCORING[recipe.task]
     row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting,
            "norm": recipe.norm, "paper": recipe.paper, "metric": recipe.metric, "better": scoring.better,
            "metric_name": scoring.metric, "published": recipe.published,
@@ -115,8 +112,8 @@ def write_results(rows, out: Path) -> List[str]:
 
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None, table_only=False,
               gpus: int = 1, bn_sync_stats: bool = False, log=print) -> int:
-    """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what
-    runs left there); results.md / results.csv in ``out``. Returns an exit status."""
+    """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what runs
+    left there); results.md / results.csv in ``out``. Returns an exit status."""
     out = Path(out)
     recipes = [load_config(p) for p in config_paths]  # every config is checked before any work
     if table_only and extra:
@@ -127,8 +124,7 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     if not table_only:
         for recipe in recipes:
             ckdir = out / recipe.training_name
-            check_data(recipe, data)
-            refuse_other_data(read_run_record(ckdir), data_identity(recipe, data), "a run", ckdir)
+            check_record(recipe, data, ckdir / RUN_RECORD, "a run")
             check_flags(recipe, train_argv(recipe, ckdir, extra, data, gpus=gpus, bn_sync_stats=bn_sync_stats)[1:])
     out.mkdir(parents=True, exist_ok=True)
     rows, trained, failed = [], {}, 0
