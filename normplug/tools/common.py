@@ -14,7 +14,6 @@ import torch
 from ..errors import NormplugError
 
 
-
 class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
 
@@ -32,8 +31,8 @@ def first_line(err: BaseException) -> str:
 
 def configure_logging(verbose: bool):
     """Only warnings and errors unless -v (importing fairseq sets the root logger to DEBUG)."""
-    logging.basicConfig(force=True, level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    logging.basicConfig(force=True, level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     if not verbose:
         import warnings
 
@@ -55,7 +54,6 @@ def add_data_args(group, split: str, purpose: str):
 
 
 def check_data_args(args):
-    """The batching options are positive."""
     for flag in ("max_tokens", "max_batches", "batch_size"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
@@ -64,8 +62,7 @@ def check_data_args(args):
 
 @contextmanager
 def atomic_path(path: str):
-    """Yield a temporary path next to ``path``; rename it to ``path`` on success and
-    delete it on any error, so ``path`` is never left half-written."""
+    """A temporary path next to ``path``, renamed to it on success and deleted on any error."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ToolError(f"output directory not found: {folder}")
@@ -83,8 +80,6 @@ def atomic_path(path: str):
         raise
 
 
-# --- checkpoints --------------------------------------------------------------
-
 class CheckpointInfo(NamedTuple):
     path: str
     epoch: Optional[int]  # the epoch during which the checkpoint was written
@@ -92,8 +87,7 @@ class CheckpointInfo(NamedTuple):
 
 
 def checkpoint_info(path: str, state: dict) -> CheckpointInfo:
-    """Epoch and update count recorded by ``fairseq-train``. fairseq stores the *next*
-    epoch with ``iterations_in_epoch == 0`` when a checkpoint closes an epoch."""
+    """Epoch and update count; fairseq stores the *next* epoch when a checkpoint closes one."""
     history = state.get("optimizer_history") or []
     num_updates = history[-1].get("num_updates") if history and isinstance(history[-1], dict) else None
     itr = (state.get("extra_state") or {}).get("train_iterator") or {}
@@ -127,10 +121,9 @@ _EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")
 _UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
 
-def numbered_checkpoints(folder: str, kind: str = "any", upper_bound: Optional[int] = None) -> List[str]:
-    """``checkpointE.pt`` (kind 'epoch') and/or ``checkpoint_E_U.pt`` (kind 'update') files
-    of a save dir, oldest first (last/best excluded); an epoch's own checkpoint comes after
-    its update checkpoints. ``upper_bound`` drops epochs (or updates) after it."""
+def numbered_checkpoints(folder: str, kind: str = "any") -> List[str]:
+    """``checkpointE.pt`` ('epoch') and/or ``checkpoint_E_U.pt`` ('update') of a save dir, oldest
+    first (an epoch's own after its updates')."""
     found = []
     for name in os.listdir(folder):
         epoch, update = _EPOCH.match(name), _UPDATE.match(name)
@@ -138,14 +131,11 @@ def numbered_checkpoints(folder: str, kind: str = "any", upper_bound: Optional[i
             found.append(((int(epoch.group(1)), math.inf), name))
         if update and kind in ("any", "update"):
             found.append(((int(update.group(1)), int(update.group(2))), name))
-    if upper_bound is not None:
-        found = [f for f in found if f[0][0 if kind == "epoch" else 1] <= upper_bound]
     return [os.path.join(folder, name) for _, name in sorted(found)]
 
 
 def load_model(path: str, data: Optional[str] = None):
-    """The model of a checkpoint, in eval mode on the CPU, with its task; returns
-    (model, task, info). ``data`` overrides the data directory recorded in it."""
+    """(model in eval mode on the CPU, task, info); ``data`` overrides the recorded data directory."""
     from fairseq import checkpoint_utils
 
     state = raw_load(path)
@@ -158,25 +148,21 @@ def load_model(path: str, data: Optional[str] = None):
         if not os.path.isdir(one):
             where = "" if data else f" (recorded in {path}; pass --data DIR)"
             raise ToolError(f"data directory not found: {one}{where}")
-    overrides = {"data": str(data_dir)}
     try:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [path], arg_overrides={"data": str(data_dir)})
     except NormplugError as err:  # normplug's own configuration errors, already one line
         raise ToolError(f"cannot build the model of {path}: {err}") from None
     except Exception as err:
         raise ToolError(f"cannot load the model of {path} with data {data_dir}: {first_line(err)}") from None
-    model = models[0]
-    model.eval()
-    return model, task, info
+    return models[0].eval(), task, info
 
-
-# --- data ---------------------------------------------------------------------
 
 def iterate_batches(task, model, split: str, max_tokens: Optional[int] = 4096,
                     max_sentences: Optional[int] = None, max_batches: Optional[int] = None,
                     seed: int = 1) -> Iterator[dict]:
-    """Batches of ``split`` as fairseq builds them (length-bucketed), in a fixed random
-    order (``seed``), so that ``max_batches`` samples every length."""
+    """fairseq's length-bucketed batches of ``split`` in a fixed random order, so that
+    ``max_batches`` samples every length."""
     from fairseq import utils
 
     try:
@@ -202,11 +188,28 @@ def run_model(model, sample, device):
     """One teacher-forced forward of ``model`` on ``sample``."""
     from fairseq import utils
 
-    net_input = sample["net_input"]
-    if device == "cuda":
-        net_input = utils.move_to_cuda(net_input)
-    return model(**net_input)
+    return model(**(utils.move_to_cuda(sample["net_input"]) if device == "cuda" else sample["net_input"]))
+
+
+def hook_norm_inputs(norms, record):
+    """Forward pre-hooks calling ``record(name, module, x, pad_mask)``; returns their handles."""
+    def hook(name):
+        def pre_hook(module, args, kwargs):
+            record(name, module, args[0] if args else kwargs["x"],
+                   args[1] if len(args) > 1 else kwargs.get("pad_mask"))
+        return pre_hook
+    return [m.register_forward_pre_hook(hook(name), with_kwargs=True) for name, m in norms.items()]
 
 
 def device_for(args) -> str:
     return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+
+
+def run_tool(prog: str, body):
+    """Run ``body()``; a bad input or option (NormplugError) or ^C ends it in one line, exit 2."""
+    try:
+        body()
+    except NormplugError as err:
+        fail(prog, str(err))
+    except KeyboardInterrupt:
+        fail(prog, "interrupted")

@@ -1,28 +1,15 @@
-"""``normplug-tid``: training–inference discrepancy (TID) of a model's BN/PN layers.
-
-For every batch-statistics norm (BatchNorm, PowerNorm) of one or more fairseq checkpoints,
-measured on a held-out split (Wang, Wu & Huang, NeurIPS 2022)::
+"""``normplug-tid``: training–inference discrepancy (TID) of a model's BN/PN layers (Wang, Wu &
+Huang, NeurIPS 2022), measured in eval mode on a held-out split::
 
     mean TID     = mean_c |μ̂_c − μ_B,c| / σ_B,c
     variance TID = mean_c |σ̂_c / σ_B,c − 1|
 
-μ_B, σ²_B: one batch's real-token statistics as the layer computes them in training; μ̂, σ̂²:
-the population statistics it normalises with at inference. The model runs in eval mode, so
-every layer's input is its input at inference. PowerNorm has no mean statistic: its mean TID
-is ``n/a`` (empty in the CSV), its variance TID compares ψ with the batch quadratic mean.
-Per layer, batches are averaged token-weighted (Σ n_b·TID_b / Σ n_b, n_b the layer's real
-tokens in batch b, source or target), over fairseq's length-bucketed batches in a fixed
-random order (``--seed``), so ``--max-batches`` samples every length. TID grows as batches
-shrink: compare checkpoints at the same ``--max-tokens``.
+μ_B, σ²_B: one batch's real-token statistics as in training; μ̂, σ̂²: the population statistics.
+PowerNorm has no mean statistic (``n/a``). Per layer, batches are averaged token-weighted. TID
+grows as batches shrink: compare checkpoints at the same ``--max-tokens``.
 
     normplug-tid checkpoints/checkpoint_best.pt --data data-bin/iwslt14
     normplug-tid checkpoints/ --csv tid.csv --plot tid.png      # every epoch/update checkpoint
-    normplug-tid avg.pt avg_reest.pt --max-batches 50           # before/after re-estimation
-
-Several checkpoints are sorted by update count; at distinct counts the plot shows TID over
-training, one line per layer (Wang, Wu & Huang's central figure), otherwise bars per layer
-and checkpoint; mean and variance TID are its two panels. Outputs are written under
-temporary names and renamed when everything succeeded.
 """
 import argparse
 import csv
@@ -33,11 +20,10 @@ from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
-from ..errors import NormplugError
 from ..norms import BatchStatNorm
 from ..norms.base import measure_discrepancy, real_tokens
 from .common import (ToolError, add_data_args, atomic_path, check_data_args, configure_logging, device_for,
-                     fail, iterate_batches, load_model, numbered_checkpoints, run_model)
+                     hook_norm_inputs, iterate_batches, load_model, numbered_checkpoints, run_model, run_tool)
 
 PROG = "normplug-tid"
 
@@ -64,27 +50,21 @@ def batch_tid(norm: BatchStatNorm, x, pad_mask):
 
 
 class TIDMeter:
-    """Forward pre-hooks on batch-statistics norms that accumulate their TID per batch,
-    token-weighted: Σ_b n_b·TID_b / Σ_b n_b, n_b the layer's real tokens in batch b."""
+    """Forward pre-hooks on batch-statistics norms that accumulate their TID, token-weighted."""
 
     def __init__(self, norms: Dict[str, BatchStatNorm]):
         self.norms = norms
         self.sums = {name: [0.0, 0.0, 0, 0] for name in norms}  # Σ n·mean, Σ n·var, batches, tokens
-        self.handles = []
 
-    def _hook(self, name):
-        def hook(module, args, kwargs):
-            x = args[0] if args else kwargs["x"]
-            measured = batch_tid(module, x, args[1] if len(args) > 1 else kwargs.get("pad_mask"))
-            if measured is None:
-                return
+    def _record(self, name, module, x, pad_mask):
+        measured = batch_tid(module, x, pad_mask)
+        if measured is not None:
             tid_mean, tid_var, n = measured
-            self.sums[name] = [a + b for a, b in zip(self.sums[name], (n * (tid_mean or 0.0), n * tid_var, 1, n))]
-        return hook
+            added = (n * (tid_mean or 0.0), n * tid_var, 1, n)
+            self.sums[name] = [a + b for a, b in zip(self.sums[name], added)]
 
     def __enter__(self):
-        self.handles = [m.register_forward_pre_hook(self._hook(name), with_kwargs=True)
-                        for name, m in self.norms.items()]
+        self.handles = hook_norm_inputs(self.norms, self._record)
         return self
 
     def __exit__(self, *exc):
@@ -102,8 +82,7 @@ class TIDMeter:
 
 def measure_tid(model, task, split="valid", max_tokens=4096, max_sentences=None, max_batches=None, seed=1,
                 device="cpu") -> List[LayerTID]:
-    """Per-layer TID of ``model`` in eval mode (every layer normalises with its population
-    statistics, as at inference) over batches of ``split``."""
+    """Per-layer TID of ``model`` in eval mode (normalising as at inference) over batches of ``split``."""
     model.eval()
     with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
         for sample in iterate_batches(task, model, split, max_tokens, max_sentences, max_batches, seed):
@@ -124,25 +103,20 @@ def build_parser():
     return p
 
 
-def _expand(paths):
-    out = []
-    for path in paths:
-        found = numbered_checkpoints(path) if os.path.isdir(path) else [path]
-        if not found:
-            raise ToolError(f"no checkpointN.pt / checkpoint_E_U.pt files in {path}")
-        out += found
-    return out
-
-
 def run(args):
     """Measure every checkpoint; returns [(CheckpointInfo, [LayerTID])], by update count."""
     check_data_args(args)
     if args.data is not None and not os.path.isdir(args.data):
         raise ToolError(f"data directory not found: {args.data}")
-    paths = _expand(args.checkpoints)
-    for path in paths:  # fail before any work is done
-        if not os.path.exists(path):
-            raise ToolError(f"checkpoint not found: {path}")
+    paths = []
+    for path in args.checkpoints:  # fail before any work is done
+        found = numbered_checkpoints(path) if os.path.isdir(path) else [path]
+        if not found:
+            raise ToolError(f"no checkpointN.pt / checkpoint_E_U.pt files in {path}")
+        paths += found
+    missing = [path for path in paths if not os.path.exists(path)]
+    if missing:
+        raise ToolError(f"checkpoint not found: {missing[0]}")
     device = device_for(args)
     results = []
     for path in paths:
@@ -275,7 +249,8 @@ def draw(results, path, split):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
-    try:
+
+    def body():
         if args.plot:  # before any work: matplotlib is an optional extra of the package
             try:
                 import matplotlib  # noqa: F401
@@ -289,10 +264,7 @@ def main(argv=None):
                 with atomic_path(path) as tmp:
                     write(results, tmp)
                 print(f"wrote {path}")
-    except (ToolError, NormplugError) as err:  # a user's input: one line, exit status 2
-        fail(PROG, str(err))
-    except KeyboardInterrupt:
-        fail(PROG, "interrupted")
+    run_tool(PROG, body)
     return 0
 
 
