@@ -80,7 +80,8 @@ class Lexicon:
         adj_stems = [fresh(TGT_SOUNDS, tgt_used, r, consonant, ADJ_SUFFIXES) for r in range(SIZES["adj"])]
         # Determiners: source has two (definite, indefinite), the target six.
         self.src_det = (fresh(SRC_SOUNDS, src_used, 0), fresh(SRC_SOUNDS, src_used, 0))
-        self.tgt_det = tuple(tuple(fresh(TGT_SOUNDS, tgt_used, 0) for _ in range(N_CLASSES)) for _ in range(2))
+        self.tgt_det = tuple(tuple(fresh(TGT_SOUNDS, tgt_used, 0) for _ in range(N_CLASSES))
+                             for _ in range(2))
         self.category.update(dict.fromkeys(self.src_det, "det"))
         self.words["det"] = list(self.src_det)
         for cat in SIZES:
@@ -163,7 +164,8 @@ class Generator:
             p = lex.sample(rng, "prep")
             np_s, np_t = self.noun_phrase(False)
             pp_s, pp_t = [p] + np_s, [lex.tr[p]] + np_t
-        src = subj_s + adv_s + obj_s + pp_s + [verb] if subordinate else subj_s + [verb] + adv_s + obj_s + pp_s
+        rest = adv_s + obj_s + pp_s
+        src = subj_s + rest + [verb] if subordinate else subj_s + [verb] + rest  # verb-final / verb-second
         return src, subj_t + adv_t + [lex.tr[verb]] + obj_t + pp_t
 
     def pair(self):
