@@ -1,5 +1,5 @@
 """``normplug-tid``: training–inference discrepancy (TID) of a model's BN/PN layers (Wang, Wu &
-Huang, NeurIPS 2022), measured in eval mode on a held-out split::
+Huang, NeurIPS 2022), measured in eval mode on a held-out split:
 
     mean TID     = mean_c |μ̂_c − μ_B,c| / σ_B,c
     variance TID = mean_c |σ̂_c / σ_B,c − 1|
@@ -28,13 +28,9 @@ from .common import (ToolError, add_data_args, atomic_path, check_data_args, con
 PROG = "normplug-tid"
 
 
-class LayerTID(NamedTuple):
-    layer: str
-    norm: str
-    tid_mean: Optional[float]  # None where the norm has no mean statistic
-    tid_var: float
-    batches: int
-    tokens: int
+# tid_mean is None where the norm has no mean statistic
+LayerTID = NamedTuple("LayerTID", [("layer", str), ("norm", str), ("tid_mean", Optional[float]),
+                                   ("tid_var", float), ("batches", int), ("tokens", int)])
 
 
 def batch_tid(norm: BatchStatNorm, x, pad_mask):
@@ -80,20 +76,9 @@ class TIDMeter:
         return [layer(name, module) for name, module in self.norms.items()]
 
 
-def measure_tid(model, task, split="valid", max_tokens=4096, max_sentences=None, max_batches=None, seed=1,
-                device="cpu") -> List[LayerTID]:
-    """Per-layer TID of ``model`` in eval mode (normalising as at inference) over batches of ``split``."""
-    model.eval()
-    with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
-        for sample in iterate_batches(task, model, split, max_tokens, max_sentences, max_batches, seed):
-            run_model(model, sample, device)
-    return meter.results()
-
-
 def build_parser():
-    p = argparse.ArgumentParser(prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, description=(
-        "Per-layer training-inference discrepancy (TID) of BN/PN layers of fairseq checkpoints, "
-        "measured on a data split against the population statistics."))
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files, or save dirs (every checkpointN.pt / checkpoint_E_U.pt in them)")
     add_data_args(p, "valid", "measure on")
@@ -124,9 +109,12 @@ def run(args):
         if not model.batch_stat_norms():
             raise ToolError(f"{path} has no BN/PN layer (no batch-statistics norm); TID is defined "
                             "for 'batch' and 'power' norms only")
-        model.to(device)
-        layers = measure_tid(model, task, args.split, args.max_tokens, args.batch_size,
-                             args.max_batches, seed=args.seed, device=device)
+        model.to(device)  # in eval mode: every layer normalises as at inference
+        with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
+            for sample in iterate_batches(task, model, args.split, args.max_tokens, args.batch_size,
+                                          args.max_batches, args.seed):
+                run_model(model, sample, device)
+        layers = meter.results()
         if all(layer.batches == 0 for layer in layers):
             raise ToolError(f"split {args.split!r} gave no batch with 2 or more real tokens")
         results.append((info, layers))
@@ -134,9 +122,11 @@ def run(args):
     return results
 
 
-def _when(info):
-    return ", ".join(([] if info.epoch is None else [f"epoch {info.epoch}"])
+def _label(info, path):
+    """``path (epoch E, U updates)``, or the path alone where the checkpoint records neither."""
+    when = ", ".join(([] if info.epoch is None else [f"epoch {info.epoch}"])
                      + ([] if info.num_updates is None else [f"{info.num_updates} updates"]))
+    return path + (f" ({when})" if when else "")
 
 
 def _fmt(v, width=9):
@@ -146,8 +136,7 @@ def _fmt(v, width=9):
 def print_table(results, split, out=sys.stdout):
     for info, layers in results:
         batches = max((layer.batches for layer in layers), default=0)
-        print(f"{info.path}" + (f" ({_when(info)})" if _when(info) else "") + f" on {split}: {batches} batches",
-              file=out)
+        print(f"{_label(info, info.path)} on {split}: {batches} batches", file=out)
         width = max([5] + [len(layer.layer) for layer in layers])
         print(f"  {'layer':<{width}}  {'norm':<6}  {'tid_mean':>9}  {'tid_var':>9}  {'tokens':>8}", file=out)
         for layer in layers:
@@ -188,10 +177,6 @@ def _training_axis(results):
     return None
 
 
-def _label(info):
-    return os.path.basename(info.path) + (f" ({_when(info)})" if _when(info) else "")
-
-
 def draw(results, path, split):
     """One checkpoint, or checkpoints at the same point of training (e.g. an average before and
     after re-estimation): bars per layer. Checkpoints of one run at distinct update counts: TID
@@ -211,7 +196,7 @@ def draw(results, path, split):
                 ys = [_value(layers, name, key) for name in names]
                 if not all(math.isnan(y) for y in ys):
                     ax.bar([i - 0.4 + width * (j + 0.5) for i in range(len(names))], ys, width=width * 0.95,
-                           label=_label(info))
+                           label=_label(info, os.path.basename(info.path)))
                     top, drawn = max([top] + [y for y in ys if math.isfinite(y)]), drawn + 1
             ax.set_xticks(range(len(names)))
             ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
@@ -238,7 +223,8 @@ def draw(results, path, split):
             ax.text(0.5, 0.5, "n/a (no mean statistic)", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
-    fig.suptitle(f"TID per layer on {split}: {_label(results[0][0])}" if len(results) == 1 else
+    fig.suptitle(f"TID per layer on {split}: {_label(results[0][0], os.path.basename(results[0][0].path))}"
+                 if len(results) == 1 else
                  f"TID {'per layer' if axis is None else 'over training'} on {split} ({len(results)} checkpoints)",
                  fontsize=11)
     fig.tight_layout()
