@@ -80,10 +80,9 @@ def atomic_path(path: str):
         raise
 
 
-class CheckpointInfo(NamedTuple):
-    path: str
-    epoch: Optional[int]  # the epoch during which the checkpoint was written
-    num_updates: Optional[int]
+# epoch: the epoch during which the checkpoint was written
+CheckpointInfo = NamedTuple("CheckpointInfo", [("path", str), ("epoch", Optional[int]),
+                                               ("num_updates", Optional[int])])
 
 
 def checkpoint_info(path: str, state: dict) -> CheckpointInfo:
@@ -104,12 +103,10 @@ def raw_load(path: str) -> dict:
     try:
         state = torch.load(path, map_location="cpu")
     except Exception as err:  # truncated zip, pickle garbage, wrong file type, unsafe global
-        text = " ".join(str(err).split())
-        if "Unsupported global" in text:
-            raise ToolError(f"cannot read checkpoint {path}: it pickles an object that weights-only "
-                            f"loading refuses ({first_line(err)})") from None
-        raise ToolError(f"cannot read checkpoint {path}: truncated, corrupt or not a torch checkpoint "
-                        f"({first_line(err)})") from None
+        why = ("it pickles an object that weights-only loading refuses"
+               if "Unsupported global" in " ".join(str(err).split())
+               else "truncated, corrupt or not a torch checkpoint")
+        raise ToolError(f"cannot read checkpoint {path}: {why} ({first_line(err)})") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise ToolError(f"{path} is not a fairseq checkpoint (no 'model' state dict)")
     if state.get("args") is None and state.get("cfg") is None:
