@@ -51,10 +51,6 @@ def _pseudo_word(rng, sounds, n_syll, final_coda=None):
     return "".join(parts)
 
 
-def _syllables_for_rank(rng, rank):
-    return 1 if rank < 30 else 2 if rank < 400 else rng.choice((2, 3, 3))
-
-
 class Lexicon:
     """Word lists (index = Zipf rank), noun classes and translations."""
 
@@ -64,7 +60,8 @@ class Lexicon:
 
         def fresh(sounds, used, rank, final_coda=None, reserve=()):
             while True:
-                w = _pseudo_word(rng, sounds, _syllables_for_rank(rng, rank), final_coda)
+                n_syll = 1 if rank < 30 else 2 if rank < 400 else rng.choice((2, 3, 3))  # frequent: short
+                w = _pseudo_word(rng, sounds, n_syll, final_coda)
                 forms = [w] + [w + s for s in reserve]
                 if len(w) >= 2 and not any(f in used for f in forms):
                     used.update(forms)

@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from contextlib import contextmanager
 from typing import Iterator, List, NamedTuple, Optional
 
@@ -34,8 +35,6 @@ def configure_logging(verbose: bool):
     logging.basicConfig(force=True, level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     if not verbose:
-        import warnings
-
         warnings.filterwarnings("ignore")
 
 

@@ -163,8 +163,7 @@ PANELS = (("tid_mean", "mean TID  mean_c |μ̂−μ_B| / σ_B"), ("tid_var", "va
 
 
 def _value(layers, name, key):
-    match = [layer for layer in layers if layer.layer == name]
-    v = getattr(match[0], key) if match else None
+    v = next((getattr(layer, key) for layer in layers if layer.layer == name), None)
     return math.nan if v is None else v
 
 
