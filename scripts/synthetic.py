@@ -171,16 +171,12 @@ class Generator:
             goal = MIN_LEN + int(rng.gammavariate(1.3, 10.0))  # mostly short, a long tail (TED/news)
             src, tgt = self.clause(False)
             while len(src) + 1 < goal:
-                if rng.random() < 0.5:
-                    comp = lex.sample(rng, "comp")
-                    s, t = self.clause(True)
-                    src += [",", comp] + s
-                    tgt += [",", lex.tr[comp]] + t
-                else:
-                    conj = lex.sample(rng, "conj")
-                    s, t = self.clause(False)
-                    src += [conj] + s
-                    tgt += [lex.tr[conj]] + t
+                subordinate = rng.random() < 0.5  # ", COMP" + a verb-final clause, else CONJ + a main one
+                link = lex.sample(rng, "comp" if subordinate else "conj")
+                s, t = self.clause(subordinate)
+                comma = [","] if subordinate else []
+                src += comma + [link] + s
+                tgt += comma + [lex.tr[link]] + t
             end = "?" if rng.random() < 0.08 else "."
             src.append(end)
             tgt.append(end)
