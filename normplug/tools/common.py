@@ -1,5 +1,6 @@
 """What ``normplug-tid`` and ``normplug-average`` share: reading checkpoints and data
 splits, one-line errors, and outputs that are never left half-written."""
+import itertools
 import logging
 import math
 import os
@@ -171,13 +172,7 @@ def iterate_batches(task, model, split: str, max_tokens: Optional[int] = 4096,
         ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=seed, num_workers=0,
         epoch=1, disable_iterator_cache=True,
     ).next_epoch_itr(shuffle=True)
-    done = 0
-    for sample in itr:
-        if max_batches is not None and done >= max_batches:
-            break
-        if sample and "net_input" in sample:
-            done += 1
-            yield sample
+    yield from itertools.islice((sample for sample in itr if sample and "net_input" in sample), max_batches)
 
 
 def run_model(model, sample, device):
