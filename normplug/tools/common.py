@@ -20,12 +20,6 @@ class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
 
 
-def fail(prog: str, message: str):
-    """``prog: error: message`` on stderr and exit status 2, like argparse."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
@@ -197,10 +191,13 @@ def device_for(args) -> str:
 
 
 def run_tool(prog: str, body):
-    """Run ``body()``; a bad input or option (NormplugError) or ^C ends it in one line, exit 2."""
+    """Run ``body()``; a bad input or option (NormplugError) or ^C ends it as argparse does:
+    ``prog: error: message`` on stderr, exit status 2."""
     try:
-        body()
+        return body()
     except NormplugError as err:
-        fail(prog, str(err))
+        message = str(err)
     except KeyboardInterrupt:
-        fail(prog, "interrupted")
+        message = "interrupted"
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
