@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv/ at the repository root and install normplug with its stack:
-# torch (CPU build unless an NVIDIA GPU is present), the fairseq build that
-# imports on this Python (fairseq-fixed on 3.11+), and the runtime and test requirements.
-# Idempotent: a second run with everything in place returns in seconds.
+# Create .venv/ and install normplug with torch (CPU build unless an NVIDIA GPU is present),
+# the fairseq that imports on this Python, and the runtime and test requirements. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,10 +23,8 @@ fi
 py=$VENV/bin/python
 pip() { "$py" -m pip --disable-pip-version-check "$@"; }
 
-# 1. torch. Never let a dependency pick it: an unpinned torch on PyPI is a CUDA
-# build of several GB. With an NVIDIA driver take the default (CUDA) build;
-# without one the CPU build: a local CPU wheel (pip's find-links) if there is
-# one, else PyTorch's CPU index, where the +cpu label guarantees the CPU build.
+# 1. torch, never picked by a dependency (an unpinned PyPI torch is a multi-GB CUDA build):
+# CUDA with an NVIDIA driver, else a local CPU wheel, else PyTorch's CPU index (+cpu).
 if ! "$py" -c 'import torch' 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         echo "setup: NVIDIA GPU found, installing torch==$TORCH_VERSION (CUDA build)"
@@ -44,15 +40,13 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
     fi
 fi
 
-# 2. runtime and test requirements (no torchaudio anywhere; triton, ~1 GB, for the
-# fused norms' tests on the CPU).
+# 2. runtime and test requirements (triton, ~1 GB, for the fused norms' tests on the CPU).
 pip install -q -r requirements.txt -r requirements-test.txt
 
 # 3. fairseq: the maintained fork on 3.11+, the official release below.
+fairseq_req=fairseq==0.12.2
 if "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
     fairseq_req=fairseq-fixed==0.12.3.1
-else
-    fairseq_req=fairseq==0.12.2
 fi
 if ! "$py" -c 'import fairseq' 2>/dev/null; then
     echo "setup: installing $fairseq_req (compiles its extensions once per machine, ~6 min on 2 cores)"
@@ -60,8 +54,7 @@ if ! "$py" -c 'import fairseq' 2>/dev/null; then
     pip install -q --no-deps --no-build-isolation "$fairseq_req"
 fi
 
-# 4. normplug itself, editable, so `--user-dir normplug` and the console scripts
-# see the working tree.
+# 4. normplug, editable, so `--user-dir normplug` and the console scripts see the working tree.
 pip install -q --no-deps --no-build-isolation -e .
 
 "$py" -c 'import torch, fairseq, normplug; print("setup: torch", torch.__version__, "| fairseq", fairseq.__version__, "| normplug", normplug.__version__)'

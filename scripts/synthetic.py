@@ -1,7 +1,5 @@
 """A seeded synthetic parallel corpus shaped like translation (data/README.md describes it): a
-German-like source and an English-like target of pseudo-words, with a lexicon, noun-class
-agreement, local (``DET ADJ* NOUN`` -> ``DET NOUN ADJ*``) and long-distance reordering (verb-second
-and verb-final source clauses), Zipf-distributed words (about 3,000 source types), 3 to 60 tokens.
+German-like source and an English-like target of pseudo-words, with agreement and reordering.
 Only :class:`random.Random` with fixed seeds, no set or hash ordering: the same seeds give
 byte-identical files on every Python; the lexicon has its own seed (``--lexicon-seed``).
 
@@ -9,16 +7,16 @@ byte-identical files on every Python; the lexicon has its own seed (``--lexicon-
 """
 import argparse
 import bisect
+import itertools
 import os
 import shutil
 import subprocess
 import sys
+import random
 import time
 from pathlib import Path
-import random
 
-# Sizes of the source vocabulary by word class (about 3,000 types in all).
-# comp: subordinating conjunctions (a verb-final clause); conj: coordinating (another main clause)
+# Source types per word class; comp: subordinating (a verb-final clause), conj: coordinating.
 SIZES = {"noun": 1800, "adj": 450, "verb_t": 330, "verb_i": 170, "adv": 150, "prep": 25, "pron": 8,
          "comp": 6, "conj": 3}
 N_CLASSES = 3
@@ -53,21 +51,17 @@ def _pseudo_word(rng, sounds, n_syll, final_coda=None):
     return "".join(parts)
 
 
-def _syllables_for_rank(rng, rank):
-    return 1 if rank < 30 else 2 if rank < 400 else rng.choice((2, 3, 3))
-
-
 class Lexicon:
     """Word lists (index = Zipf rank), noun classes and translations."""
 
     def __init__(self, seed=DEFAULT_LEXICON_SEED):
         rng = random.Random(seed)
-        self.seed = seed
         src_used, tgt_used = set(), set()
 
         def fresh(sounds, used, rank, final_coda=None, reserve=()):
             while True:
-                w = _pseudo_word(rng, sounds, _syllables_for_rank(rng, rank), final_coda)
+                n_syll = 1 if rank < 30 else 2 if rank < 400 else rng.choice((2, 3, 3))  # frequent: short
+                w = _pseudo_word(rng, sounds, n_syll, final_coda)
                 forms = [w] + [w + s for s in reserve]
                 if len(w) >= 2 and not any(f in used for f in forms):
                     used.update(forms)
@@ -83,19 +77,18 @@ class Lexicon:
         adj_stems = [fresh(TGT_SOUNDS, tgt_used, r, consonant, ADJ_SUFFIXES) for r in range(SIZES["adj"])]
         # Determiners: source has two (definite, indefinite), the target six.
         self.src_det = (fresh(SRC_SOUNDS, src_used, 0), fresh(SRC_SOUNDS, src_used, 0))
-        self.tgt_det = tuple(tuple(fresh(TGT_SOUNDS, tgt_used, 0) for _ in range(N_CLASSES)) for _ in range(2))
-        for w in self.src_det:
-            self.category[w] = "det"
+        self.tgt_det = tuple(tuple(fresh(TGT_SOUNDS, tgt_used, 0) for _ in range(N_CLASSES))
+                             for _ in range(2))
+        self.category.update(dict.fromkeys(self.src_det, "det"))
         self.words["det"] = list(self.src_det)
         for cat in SIZES:
-            ws = []
+            ws = self.words[cat] = []
             for r in range(SIZES[cat]):
                 s = fresh(SRC_SOUNDS, src_used, r)
                 ws.append(s)
                 self.category[s] = cat
                 if cat == "adj":
-                    stem = adj_stems[r]
-                    self.adj_forms[s] = tuple(stem + x for x in ADJ_SUFFIXES)
+                    self.adj_forms[s] = tuple(adj_stems[r] + x for x in ADJ_SUFFIXES)
                     continue
                 t = fresh(TGT_SOUNDS, tgt_used, r)
                 if cat == "adv" and rng.random() < 0.2:
@@ -103,18 +96,12 @@ class Lexicon:
                 self.tr[s] = t
                 if cat == "noun":
                     self.noun_class[s] = rng.choices(range(N_CLASSES), CLASS_WEIGHTS)[0]
-            self.words[cat] = ws
         for p in PUNCT:
             self.category[p] = "punct"
             self.tr[p] = p
         # Zipf sampling tables: weight 1/rank within each class.
-        self._cum = {}
-        for cat, ws in self.words.items():
-            acc, cum = 0.0, []
-            for r in range(len(ws)):
-                acc += 1.0 / (r + 1)
-                cum.append(acc)
-            self._cum[cat] = cum
+        self._cum = {cat: list(itertools.accumulate(1.0 / (r + 1) for r in range(len(ws))))
+                     for cat, ws in self.words.items()}
 
     def sample(self, rng, cat):
         cum = self._cum[cat]
@@ -174,34 +161,22 @@ class Generator:
             p = lex.sample(rng, "prep")
             np_s, np_t = self.noun_phrase(False)
             pp_s, pp_t = [p] + np_s, [lex.tr[p]] + np_t
-        v_t = [lex.tr[verb]]
-        if subordinate:
-            src = subj_s + adv_s + obj_s + pp_s + [verb]
-        else:
-            src = subj_s + [verb] + adv_s + obj_s + pp_s
-        tgt = subj_t + adv_t + v_t + obj_t + pp_t
-        return src, tgt
-
-    def sentence_length_goal(self):
-        # Skewed towards short sentences with a long tail, like TED/news text.
-        return MIN_LEN + int(self.rng.gammavariate(1.3, 10.0))
+        rest = adv_s + obj_s + pp_s
+        src = subj_s + rest + [verb] if subordinate else subj_s + [verb] + rest  # verb-final / verb-second
+        return src, subj_t + adv_t + [lex.tr[verb]] + obj_t + pp_t
 
     def pair(self):
         rng, lex = self.rng, self.lex
         while True:
-            goal = self.sentence_length_goal()
+            goal = MIN_LEN + int(rng.gammavariate(1.3, 10.0))  # mostly short, a long tail (TED/news)
             src, tgt = self.clause(False)
             while len(src) + 1 < goal:
-                if rng.random() < 0.5:
-                    comp = lex.sample(rng, "comp")
-                    s, t = self.clause(True)
-                    src += [",", comp] + s
-                    tgt += [",", lex.tr[comp]] + t
-                else:
-                    conj = lex.sample(rng, "conj")
-                    s, t = self.clause(False)
-                    src += [conj] + s
-                    tgt += [lex.tr[conj]] + t
+                subordinate = rng.random() < 0.5  # ", COMP" + a verb-final clause, else CONJ + a main one
+                link = lex.sample(rng, "comp" if subordinate else "conj")
+                s, t = self.clause(subordinate)
+                comma = [","] if subordinate else []
+                src += comma + [link] + s
+                tgt += comma + [lex.tr[link]] + t
             end = "?" if rng.random() < 0.08 else "."
             src.append(end)
             tgt.append(end)
@@ -216,8 +191,7 @@ def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500, lexicon_se
     out.mkdir(parents=True, exist_ok=True)
     lex = Lexicon(lexicon_seed)
     gen = Generator(lex, seed)
-    seen = set()
-    counts = {}
+    seen, counts = set(), {}
     for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
         pairs = []
         while len(pairs) < n:
@@ -229,15 +203,14 @@ def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500, lexicon_se
         for side, k in (("src", 0), ("tgt", 1)):
             tmp = out / f".{split}.{side}.tmp"
             with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                for p in pairs:
-                    f.write(p[k] + "\n")
+                f.writelines(p[k] + "\n" for p in pairs)
             os.replace(tmp, out / f"{split}.{side}")
         counts[split] = n
     lex.write_tsv(out / "lexicon.tsv")
     return counts
 
 
-def binarize(out_dir, bin_dir, workers=1):
+def binarize(out_dir, bin_dir):
     """Binarize a corpus of :func:`generate` into bin_dir (joined dictionary), through
     ``bin_dir.tmp`` renamed on success: an interrupted run leaves no half-written bin_dir."""
     out, dest = Path(out_dir), Path(bin_dir)
@@ -248,7 +221,7 @@ def binarize(out_dir, bin_dir, workers=1):
     subprocess.run([fairseq_exe("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
                     "--trainpref", str(out / "train"), "--validpref", str(out / "valid"),
                     "--testpref", str(out / "test"), "--destdir", str(tmp),
-                    "--joined-dictionary", "--workers", str(workers)], check=True)
+                    "--joined-dictionary", "--workers", "1"], check=True)
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
@@ -266,13 +239,12 @@ def main(argv=None):
     ap.add_argument("--test", type=int, default=500, help="test pairs (default %(default)s)")
     ap.add_argument("--binarize", metavar="BIN_DIR",
                     help="also run fairseq-preprocess --joined-dictionary into BIN_DIR")
-    ap.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     a = ap.parse_args(argv)
     t0 = time.time()
     counts = generate(a.out, a.seed, a.train, a.valid, a.test, a.lexicon_seed)
     print(f"synthetic: wrote {counts} to {a.out} in {time.time() - t0:.1f}s", file=sys.stderr)
     if a.binarize:
-        binarize(a.out, a.binarize, a.workers)
+        binarize(a.out, a.binarize)
         print(f"synthetic: binarized into {a.binarize}", file=sys.stderr)
 
 

@@ -1,10 +1,7 @@
 """``normplug-average``: average fairseq checkpoints as fairseq's scripts/average_checkpoints.py
-does (floating-point tensors, running statistics too, are element-wise means; the rest comes from
-the input with the most updates), optionally re-estimating the population statistics of their
-BN/PN layers for the averaged weights (``--reestimate-stats``: the mean of each layer's batch
-statistics over K training batches, no_grad, dropout off; "precise BN").
+does (element-wise means of floating-point tensors, the rest from the input with the most updates),
+optionally re-estimating the population statistics of their BN/PN layers ("precise BN").
 
-    normplug-average --inputs checkpoints/ --num-epoch-checkpoints 6 --output avg.pt
     normplug-average --inputs checkpoints/ --num-epoch-checkpoints 6 --output avg_reest.pt \\
         --reestimate-stats --data data-bin/iwslt14 --max-batches 200
 """
@@ -16,8 +13,8 @@ from typing import Dict, List, Sequence
 import torch
 
 from .common import (ToolError, add_data_args, atomic_path, check_data_args, checkpoint_info,
-                     configure_logging, device_for, fail, iterate_batches, load_model,
-                     numbered_checkpoints, raw_load, run_model)
+                     configure_logging, device_for, hook_norm_inputs, iterate_batches, load_model,
+                     numbered_checkpoints, raw_load, run_model, run_tool)
 
 PROG = "normplug-average"
 
@@ -34,8 +31,6 @@ def build_parser():
                        help="average the last N checkpointE.pt of the save dir")
     which.add_argument("--num-update-checkpoints", type=int, metavar="N",
                        help="average the last N checkpoint_E_U.pt of the save dir")
-    p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
-                   help="ignore checkpoints after epoch (or update) K")
     r = p.add_argument_group("re-estimation of population statistics")
     r.add_argument("--reestimate-stats", action="store_true",
                    help="recompute the population statistics of BN/PN layers for the averaged weights")
@@ -48,8 +43,6 @@ def select_inputs(args) -> List[str]:
     """The checkpoint files to average, oldest first."""
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
     if args.num_epoch_checkpoints is None and args.num_update_checkpoints is None:
-        if args.checkpoint_upper_bound is not None:
-            raise ToolError("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
         for path in args.inputs:
             if os.path.isdir(path):
                 raise ToolError(f"{path} is a directory: pass --num-epoch-checkpoints N or "
@@ -60,15 +53,16 @@ def select_inputs(args) -> List[str]:
     if not n or n <= 0:
         raise ToolError("the number of checkpoints to average must be > 0")
     if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
-        raise ToolError("--num-epoch-checkpoints / --num-update-checkpoints need one save directory as --inputs")
+        raise ToolError("--num-epoch-checkpoints / --num-update-checkpoints need one save directory "
+                        "as --inputs")
     kind = "epoch" if args.num_epoch_checkpoints else "update"
-    found = numbered_checkpoints(args.inputs[0], kind, args.checkpoint_upper_bound)
+    found = numbered_checkpoints(args.inputs[0], kind)
     if len(found) < n:
         raise ToolError(f"found {len(found)} {kind} checkpoint(s) in {args.inputs[0]}, need {n}")
     return found[-n:]
 
 
-def average_model_states(states: Sequence[Dict[str, torch.Tensor]], names: Sequence[str]) -> Dict[str, torch.Tensor]:
+def average_model_states(states: Sequence[Dict[str, torch.Tensor]], names: Sequence[str]) -> Dict:
     """Element-wise mean (in float64) of floating-point tensors; others from ``states[0]``."""
     first = states[0]
     for name, sd in zip(names[1:], states[1:]):
@@ -106,24 +100,19 @@ def average(paths: List[str]) -> dict:
 
 
 def reestimate_population_statistics(model, batches, device="cpu") -> int:
-    """Set the population statistics of every BN/PN layer to the mean, over ``batches``, of
-    its batch statistics in a training-mode forward without dropout; returns the batch count.
-    Every other buffer and every parameter is left as it was."""
+    """Set the population statistics of every BN/PN layer to the mean, over ``batches``, of its
+    batch statistics in a training-mode forward without dropout; returns the batch count."""
     norms = model.batch_stat_norms()
     if not norms:
         raise ToolError("the model has no BN/PN layer: there are no population statistics to re-estimate")
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     sums = {name: None for name in norms}
 
-    def record(name):
-        def hook(module, args, kwargs):
-            x = args[0] if args else kwargs["x"]
-            stats = module.batch_statistics(x, args[1] if len(args) > 1 else kwargs.get("pad_mask"))
-            sums[name] = [None if s is None else s.double() + (0 if t is None else t)
-                          for s, t in zip(stats, sums[name] or (None, None))]
-        return hook
+    def record(name, module, x, pad_mask):
+        sums[name] = [None if s is None else s.double() + (0 if t is None else t)
+                      for s, t in zip(module.batch_statistics(x, pad_mask), sums[name] or (None, None))]
 
-    handles = [m.register_forward_pre_hook(record(name), with_kwargs=True) for name, m in norms.items()]
+    handles = hook_norm_inputs(norms, record)
     modes = {m: m.training for m in model.modules()}
     count = 0
     try:
@@ -151,7 +140,6 @@ def reestimate_population_statistics(model, batches, device="cpu") -> int:
 
 
 def reestimate(state: dict, tmp_path: str, args) -> int:
-    """Re-estimate the population statistics of the model in ``state`` (saved at ``tmp_path``)."""
     model, task, _ = load_model(tmp_path, args.data)
     device = device_for(args)
     model.to(device)
@@ -170,16 +158,19 @@ def reestimate(state: dict, tmp_path: str, args) -> int:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
-    try:
+
+    def body():
         check_data_args(args)
         if args.data is not None and not args.reestimate_stats:
             raise ToolError("--data is only used with --reestimate-stats")
         paths = select_inputs(args)
         if os.path.realpath(args.output) in map(os.path.realpath, paths):
-            raise ToolError(f"--output {args.output} is one of the inputs: write the average to another file")
+            raise ToolError(f"--output {args.output} is one of the inputs: "
+                            "write the average to another file")
         state = average(paths)
+        source = state["extra_state"]["normplug_average"]["metadata_from"]
         print(f"averaged {len(paths)} checkpoint(s): {', '.join(paths)} "
-              f"(configuration and counters from {state['extra_state']['normplug_average']['metadata_from']})")
+              f"(configuration and counters from {source})")
         with atomic_path(args.output) as tmp:
             torch.save(state, tmp)
             if args.reestimate_stats:
@@ -187,10 +178,7 @@ def main(argv=None):
                 torch.save(state, tmp)
                 print(f"re-estimated the population statistics of every BN/PN layer on {count} "
                       f"batch(es) of {args.split}")
-    except ToolError as err:
-        fail(PROG, str(err))
-    except KeyboardInterrupt:
-        fail(PROG, "interrupted")
+    run_tool(PROG, body)
     print(f"wrote {args.output}")
     return 0
 

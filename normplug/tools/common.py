@@ -1,11 +1,13 @@
 """What ``normplug-tid`` and ``normplug-average`` share: reading checkpoints and data
 splits, one-line errors, and outputs that are never left half-written."""
+import itertools
 import logging
 import math
 import os
 import re
 import sys
 import tempfile
+import warnings
 from contextlib import contextmanager
 from typing import Iterator, List, NamedTuple, Optional
 
@@ -14,15 +16,8 @@ import torch
 from ..errors import NormplugError
 
 
-
 class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
-
-
-def fail(prog: str, message: str):
-    """``prog: error: message`` on stderr and exit status 2, like argparse."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def first_line(err: BaseException) -> str:
@@ -32,11 +27,9 @@ def first_line(err: BaseException) -> str:
 
 def configure_logging(verbose: bool):
     """Only warnings and errors unless -v (importing fairseq sets the root logger to DEBUG)."""
-    logging.basicConfig(force=True, level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    logging.basicConfig(force=True, level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     if not verbose:
-        import warnings
-
         warnings.filterwarnings("ignore")
 
 
@@ -55,7 +48,6 @@ def add_data_args(group, split: str, purpose: str):
 
 
 def check_data_args(args):
-    """The batching options are positive."""
     for flag in ("max_tokens", "max_batches", "batch_size"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
@@ -64,8 +56,7 @@ def check_data_args(args):
 
 @contextmanager
 def atomic_path(path: str):
-    """Yield a temporary path next to ``path``; rename it to ``path`` on success and
-    delete it on any error, so ``path`` is never left half-written."""
+    """A temporary path next to ``path``, renamed to it on success and deleted on any error."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ToolError(f"output directory not found: {folder}")
@@ -83,17 +74,13 @@ def atomic_path(path: str):
         raise
 
 
-# --- checkpoints --------------------------------------------------------------
-
-class CheckpointInfo(NamedTuple):
-    path: str
-    epoch: Optional[int]  # the epoch during which the checkpoint was written
-    num_updates: Optional[int]
+# epoch: the epoch during which the checkpoint was written
+CheckpointInfo = NamedTuple("CheckpointInfo", [("path", str), ("epoch", Optional[int]),
+                                               ("num_updates", Optional[int])])
 
 
 def checkpoint_info(path: str, state: dict) -> CheckpointInfo:
-    """Epoch and update count recorded by ``fairseq-train``. fairseq stores the *next*
-    epoch with ``iterations_in_epoch == 0`` when a checkpoint closes an epoch."""
+    """Epoch and update count; fairseq stores the *next* epoch when a checkpoint closes one."""
     history = state.get("optimizer_history") or []
     num_updates = history[-1].get("num_updates") if history and isinstance(history[-1], dict) else None
     itr = (state.get("extra_state") or {}).get("train_iterator") or {}
@@ -110,12 +97,10 @@ def raw_load(path: str) -> dict:
     try:
         state = torch.load(path, map_location="cpu")
     except Exception as err:  # truncated zip, pickle garbage, wrong file type, unsafe global
-        text = " ".join(str(err).split())
-        if "Unsupported global" in text:
-            raise ToolError(f"cannot read checkpoint {path}: it pickles an object that weights-only "
-                            f"loading refuses ({first_line(err)})") from None
-        raise ToolError(f"cannot read checkpoint {path}: truncated, corrupt or not a torch checkpoint "
-                        f"({first_line(err)})") from None
+        why = ("it pickles an object that weights-only loading refuses"
+               if "Unsupported global" in " ".join(str(err).split())
+               else "truncated, corrupt or not a torch checkpoint")
+        raise ToolError(f"cannot read checkpoint {path}: {why} ({first_line(err)})") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise ToolError(f"{path} is not a fairseq checkpoint (no 'model' state dict)")
     if state.get("args") is None and state.get("cfg") is None:
@@ -127,10 +112,9 @@ _EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")
 _UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
 
-def numbered_checkpoints(folder: str, kind: str = "any", upper_bound: Optional[int] = None) -> List[str]:
-    """``checkpointE.pt`` (kind 'epoch') and/or ``checkpoint_E_U.pt`` (kind 'update') files
-    of a save dir, oldest first (last/best excluded); an epoch's own checkpoint comes after
-    its update checkpoints. ``upper_bound`` drops epochs (or updates) after it."""
+def numbered_checkpoints(folder: str, kind: str = "any") -> List[str]:
+    """``checkpointE.pt`` ('epoch') and/or ``checkpoint_E_U.pt`` ('update') of a save dir, oldest
+    first (an epoch's own after its updates')."""
     found = []
     for name in os.listdir(folder):
         epoch, update = _EPOCH.match(name), _UPDATE.match(name)
@@ -138,14 +122,11 @@ def numbered_checkpoints(folder: str, kind: str = "any", upper_bound: Optional[i
             found.append(((int(epoch.group(1)), math.inf), name))
         if update and kind in ("any", "update"):
             found.append(((int(update.group(1)), int(update.group(2))), name))
-    if upper_bound is not None:
-        found = [f for f in found if f[0][0 if kind == "epoch" else 1] <= upper_bound]
     return [os.path.join(folder, name) for _, name in sorted(found)]
 
 
 def load_model(path: str, data: Optional[str] = None):
-    """The model of a checkpoint, in eval mode on the CPU, with its task; returns
-    (model, task, info). ``data`` overrides the data directory recorded in it."""
+    """(model in eval mode on the CPU, task, info); ``data`` overrides the recorded data directory."""
     from fairseq import checkpoint_utils
 
     state = raw_load(path)
@@ -158,25 +139,21 @@ def load_model(path: str, data: Optional[str] = None):
         if not os.path.isdir(one):
             where = "" if data else f" (recorded in {path}; pass --data DIR)"
             raise ToolError(f"data directory not found: {one}{where}")
-    overrides = {"data": str(data_dir)}
     try:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [path], arg_overrides={"data": str(data_dir)})
     except NormplugError as err:  # normplug's own configuration errors, already one line
         raise ToolError(f"cannot build the model of {path}: {err}") from None
     except Exception as err:
         raise ToolError(f"cannot load the model of {path} with data {data_dir}: {first_line(err)}") from None
-    model = models[0]
-    model.eval()
-    return model, task, info
+    return models[0].eval(), task, info
 
-
-# --- data ---------------------------------------------------------------------
 
 def iterate_batches(task, model, split: str, max_tokens: Optional[int] = 4096,
                     max_sentences: Optional[int] = None, max_batches: Optional[int] = None,
                     seed: int = 1) -> Iterator[dict]:
-    """Batches of ``split`` as fairseq builds them (length-bucketed), in a fixed random
-    order (``seed``), so that ``max_batches`` samples every length."""
+    """fairseq's length-bucketed batches of ``split`` in a fixed random order, so that
+    ``max_batches`` samples every length."""
     from fairseq import utils
 
     try:
@@ -189,24 +166,38 @@ def iterate_batches(task, model, split: str, max_tokens: Optional[int] = 4096,
         ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=seed, num_workers=0,
         epoch=1, disable_iterator_cache=True,
     ).next_epoch_itr(shuffle=True)
-    done = 0
-    for sample in itr:
-        if max_batches is not None and done >= max_batches:
-            break
-        if sample and "net_input" in sample:
-            done += 1
-            yield sample
+    yield from itertools.islice((sample for sample in itr if sample and "net_input" in sample), max_batches)
 
 
 def run_model(model, sample, device):
     """One teacher-forced forward of ``model`` on ``sample``."""
     from fairseq import utils
 
-    net_input = sample["net_input"]
-    if device == "cuda":
-        net_input = utils.move_to_cuda(net_input)
-    return model(**net_input)
+    return model(**(utils.move_to_cuda(sample["net_input"]) if device == "cuda" else sample["net_input"]))
+
+
+def hook_norm_inputs(norms, record):
+    """Forward pre-hooks calling ``record(name, module, x, pad_mask)``; returns their handles."""
+    def hook(name):
+        def pre_hook(module, args, kwargs):
+            record(name, module, args[0] if args else kwargs["x"],
+                   args[1] if len(args) > 1 else kwargs.get("pad_mask"))
+        return pre_hook
+    return [m.register_forward_pre_hook(hook(name), with_kwargs=True) for name, m in norms.items()]
 
 
 def device_for(args) -> str:
     return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+
+
+def run_tool(prog: str, body):
+    """Run ``body()``; a bad input or option (NormplugError) or ^C ends it as argparse does:
+    ``prog: error: message`` on stderr, exit status 2."""
+    try:
+        return body()
+    except NormplugError as err:
+        message = str(err)
+    except KeyboardInterrupt:
+        message = "interrupted"
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)

@@ -1,28 +1,15 @@
-"""``normplug-tid``: training–inference discrepancy (TID) of a model's BN/PN layers.
-
-For every batch-statistics norm (BatchNorm, PowerNorm) of one or more fairseq checkpoints,
-measured on a held-out split (Wang, Wu & Huang, NeurIPS 2022)::
+"""``normplug-tid``: training–inference discrepancy (TID) of a model's BN/PN layers (Wang, Wu &
+Huang, NeurIPS 2022), measured in eval mode on a held-out split:
 
     mean TID     = mean_c |μ̂_c − μ_B,c| / σ_B,c
     variance TID = mean_c |σ̂_c / σ_B,c − 1|
 
-μ_B, σ²_B: one batch's real-token statistics as the layer computes them in training; μ̂, σ̂²:
-the population statistics it normalises with at inference. The model runs in eval mode, so
-every layer's input is its input at inference. PowerNorm has no mean statistic: its mean TID
-is ``n/a`` (empty in the CSV), its variance TID compares ψ with the batch quadratic mean.
-Per layer, batches are averaged token-weighted (Σ n_b·TID_b / Σ n_b, n_b the layer's real
-tokens in batch b, source or target), over fairseq's length-bucketed batches in a fixed
-random order (``--seed``), so ``--max-batches`` samples every length. TID grows as batches
-shrink: compare checkpoints at the same ``--max-tokens``.
+μ_B, σ²_B: one batch's real-token statistics as in training; μ̂, σ̂²: the population statistics.
+PowerNorm has no mean statistic (``n/a``). Per layer, batches are averaged token-weighted. TID
+grows as batches shrink: compare checkpoints at the same ``--max-tokens``.
 
     normplug-tid checkpoints/checkpoint_best.pt --data data-bin/iwslt14
     normplug-tid checkpoints/ --csv tid.csv --plot tid.png      # every epoch/update checkpoint
-    normplug-tid avg.pt avg_reest.pt --max-batches 50           # before/after re-estimation
-
-Several checkpoints are sorted by update count; at distinct counts the plot shows TID over
-training, one line per layer (Wang, Wu & Huang's central figure), otherwise bars per layer
-and checkpoint; mean and variance TID are its two panels. Outputs are written under
-temporary names and renamed when everything succeeded.
 """
 import argparse
 import csv
@@ -33,22 +20,17 @@ from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
-from ..errors import NormplugError
 from ..norms import BatchStatNorm
 from ..norms.base import measure_discrepancy, real_tokens
 from .common import (ToolError, add_data_args, atomic_path, check_data_args, configure_logging, device_for,
-                     fail, iterate_batches, load_model, numbered_checkpoints, run_model)
+                     hook_norm_inputs, iterate_batches, load_model, numbered_checkpoints, run_model, run_tool)
 
 PROG = "normplug-tid"
 
 
-class LayerTID(NamedTuple):
-    layer: str
-    norm: str
-    tid_mean: Optional[float]  # None where the norm has no mean statistic
-    tid_var: float
-    batches: int
-    tokens: int
+# tid_mean is None where the norm has no mean statistic
+LayerTID = NamedTuple("LayerTID", [("layer", str), ("norm", str), ("tid_mean", Optional[float]),
+                                   ("tid_var", float), ("batches", int), ("tokens", int)])
 
 
 def batch_tid(norm: BatchStatNorm, x, pad_mask):
@@ -64,27 +46,21 @@ def batch_tid(norm: BatchStatNorm, x, pad_mask):
 
 
 class TIDMeter:
-    """Forward pre-hooks on batch-statistics norms that accumulate their TID per batch,
-    token-weighted: Σ_b n_b·TID_b / Σ_b n_b, n_b the layer's real tokens in batch b."""
+    """Forward pre-hooks on batch-statistics norms that accumulate their TID, token-weighted."""
 
     def __init__(self, norms: Dict[str, BatchStatNorm]):
         self.norms = norms
         self.sums = {name: [0.0, 0.0, 0, 0] for name in norms}  # Σ n·mean, Σ n·var, batches, tokens
-        self.handles = []
 
-    def _hook(self, name):
-        def hook(module, args, kwargs):
-            x = args[0] if args else kwargs["x"]
-            measured = batch_tid(module, x, args[1] if len(args) > 1 else kwargs.get("pad_mask"))
-            if measured is None:
-                return
+    def _record(self, name, module, x, pad_mask):
+        measured = batch_tid(module, x, pad_mask)
+        if measured is not None:
             tid_mean, tid_var, n = measured
-            self.sums[name] = [a + b for a, b in zip(self.sums[name], (n * (tid_mean or 0.0), n * tid_var, 1, n))]
-        return hook
+            added = (n * (tid_mean or 0.0), n * tid_var, 1, n)
+            self.sums[name] = [a + b for a, b in zip(self.sums[name], added)]
 
     def __enter__(self):
-        self.handles = [m.register_forward_pre_hook(self._hook(name), with_kwargs=True)
-                        for name, m in self.norms.items()]
+        self.handles = hook_norm_inputs(self.norms, self._record)
         return self
 
     def __exit__(self, *exc):
@@ -100,21 +76,9 @@ class TIDMeter:
         return [layer(name, module) for name, module in self.norms.items()]
 
 
-def measure_tid(model, task, split="valid", max_tokens=4096, max_sentences=None, max_batches=None, seed=1,
-                device="cpu") -> List[LayerTID]:
-    """Per-layer TID of ``model`` in eval mode (every layer normalises with its population
-    statistics, as at inference) over batches of ``split``."""
-    model.eval()
-    with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
-        for sample in iterate_batches(task, model, split, max_tokens, max_sentences, max_batches, seed):
-            run_model(model, sample, device)
-    return meter.results()
-
-
 def build_parser():
-    p = argparse.ArgumentParser(prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, description=(
-        "Per-layer training-inference discrepancy (TID) of BN/PN layers of fairseq checkpoints, "
-        "measured on a data split against the population statistics."))
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files, or save dirs (every checkpointN.pt / checkpoint_E_U.pt in them)")
     add_data_args(p, "valid", "measure on")
@@ -124,25 +88,20 @@ def build_parser():
     return p
 
 
-def _expand(paths):
-    out = []
-    for path in paths:
-        found = numbered_checkpoints(path) if os.path.isdir(path) else [path]
-        if not found:
-            raise ToolError(f"no checkpointN.pt / checkpoint_E_U.pt files in {path}")
-        out += found
-    return out
-
-
 def run(args):
     """Measure every checkpoint; returns [(CheckpointInfo, [LayerTID])], by update count."""
     check_data_args(args)
     if args.data is not None and not os.path.isdir(args.data):
         raise ToolError(f"data directory not found: {args.data}")
-    paths = _expand(args.checkpoints)
-    for path in paths:  # fail before any work is done
-        if not os.path.exists(path):
-            raise ToolError(f"checkpoint not found: {path}")
+    paths = []
+    for path in args.checkpoints:  # fail before any work is done
+        found = numbered_checkpoints(path) if os.path.isdir(path) else [path]
+        if not found:
+            raise ToolError(f"no checkpointN.pt / checkpoint_E_U.pt files in {path}")
+        paths += found
+    missing = [path for path in paths if not os.path.exists(path)]
+    if missing:
+        raise ToolError(f"checkpoint not found: {missing[0]}")
     device = device_for(args)
     results = []
     for path in paths:
@@ -150,9 +109,12 @@ def run(args):
         if not model.batch_stat_norms():
             raise ToolError(f"{path} has no BN/PN layer (no batch-statistics norm); TID is defined "
                             "for 'batch' and 'power' norms only")
-        model.to(device)
-        layers = measure_tid(model, task, args.split, args.max_tokens, args.batch_size,
-                             args.max_batches, seed=args.seed, device=device)
+        model.to(device)  # in eval mode: every layer normalises as at inference
+        with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
+            for sample in iterate_batches(task, model, args.split, args.max_tokens, args.batch_size,
+                                          args.max_batches, args.seed):
+                run_model(model, sample, device)
+        layers = meter.results()
         if all(layer.batches == 0 for layer in layers):
             raise ToolError(f"split {args.split!r} gave no batch with 2 or more real tokens")
         results.append((info, layers))
@@ -160,9 +122,11 @@ def run(args):
     return results
 
 
-def _when(info):
-    return ", ".join(([] if info.epoch is None else [f"epoch {info.epoch}"])
+def _label(info, path):
+    """``path (epoch E, U updates)``, or the path alone where the checkpoint records neither."""
+    when = ", ".join(([] if info.epoch is None else [f"epoch {info.epoch}"])
                      + ([] if info.num_updates is None else [f"{info.num_updates} updates"]))
+    return path + (f" ({when})" if when else "")
 
 
 def _fmt(v, width=9):
@@ -172,8 +136,7 @@ def _fmt(v, width=9):
 def print_table(results, split, out=sys.stdout):
     for info, layers in results:
         batches = max((layer.batches for layer in layers), default=0)
-        print(f"{info.path}" + (f" ({_when(info)})" if _when(info) else "") + f" on {split}: {batches} batches",
-              file=out)
+        print(f"{_label(info, info.path)} on {split}: {batches} batches", file=out)
         width = max([5] + [len(layer.layer) for layer in layers])
         print(f"  {'layer':<{width}}  {'norm':<6}  {'tid_mean':>9}  {'tid_var':>9}  {'tokens':>8}", file=out)
         for layer in layers:
@@ -200,8 +163,7 @@ PANELS = (("tid_mean", "mean TID  mean_c |μ̂−μ_B| / σ_B"), ("tid_var", "va
 
 
 def _value(layers, name, key):
-    match = [layer for layer in layers if layer.layer == name]
-    v = getattr(match[0], key) if match else None
+    v = next((getattr(layer, key) for layer in layers if layer.layer == name), None)
     return math.nan if v is None else v
 
 
@@ -212,10 +174,6 @@ def _training_axis(results):
         if all(x is not None for x in xs) and len(set(xs)) == len(xs):
             return xs, label
     return None
-
-
-def _label(info):
-    return os.path.basename(info.path) + (f" ({_when(info)})" if _when(info) else "")
 
 
 def draw(results, path, split):
@@ -237,7 +195,7 @@ def draw(results, path, split):
                 ys = [_value(layers, name, key) for name in names]
                 if not all(math.isnan(y) for y in ys):
                     ax.bar([i - 0.4 + width * (j + 0.5) for i in range(len(names))], ys, width=width * 0.95,
-                           label=_label(info))
+                           label=_label(info, os.path.basename(info.path)))
                     top, drawn = max([top] + [y for y in ys if math.isfinite(y)]), drawn + 1
             ax.set_xticks(range(len(names)))
             ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
@@ -264,7 +222,8 @@ def draw(results, path, split):
             ax.text(0.5, 0.5, "n/a (no mean statistic)", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
-    fig.suptitle(f"TID per layer on {split}: {_label(results[0][0])}" if len(results) == 1 else
+    fig.suptitle(f"TID per layer on {split}: {_label(results[0][0], os.path.basename(results[0][0].path))}"
+                 if len(results) == 1 else
                  f"TID {'per layer' if axis is None else 'over training'} on {split} ({len(results)} checkpoints)",
                  fontsize=11)
     fig.tight_layout()
@@ -275,7 +234,8 @@ def draw(results, path, split):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
-    try:
+
+    def body():
         if args.plot:  # before any work: matplotlib is an optional extra of the package
             try:
                 import matplotlib  # noqa: F401
@@ -289,10 +249,7 @@ def main(argv=None):
                 with atomic_path(path) as tmp:
                     write(results, tmp)
                 print(f"wrote {path}")
-    except (ToolError, NormplugError) as err:  # a user's input: one line, exit status 2
-        fail(PROG, str(err))
-    except KeyboardInterrupt:
-        fail(PROG, "interrupted")
+    run_tool(PROG, body)
     return 0
 
 
