@@ -34,7 +34,8 @@ def ref_stats(x, pad):
     xz = torch.where(keep, x, torch.zeros_like(x))  # garbage never multiplied
     n = m.sum()
     mu = xz.sum((0, 1)) / n
-    var = (xz * xz).sum((0, 1)) / n - mu * mu
+    dev = torch.where(keep, x - mu, torch.zeros_like(x))  # σ² = Σ (x − μ)²/n: E[x²] − μ² cancels
+    var = (dev * dev).sum((0, 1)) / n
     return mu, var
 
 
