@@ -20,19 +20,10 @@ pytest.importorskip("triton")
 from normplug.norms import NormConfigError, create_norm  # noqa: E402
 from normplug.norms import per_token  # noqa: E402
 from normplug.norms import triton_token  # noqa: E402
+from test_norms_per_token import CONFIGS as PER_TOKEN_CONFIGS  # noqa: E402
 
-# (name, options) of every fused configuration
-CONFIGS = [
-    ("layer_simple", {}),
-    ("detach", {}),
-    ("detach", {"detach": "mean"}),
-    ("detach", {"detach": "std"}),
-    ("adanorm", {}),
-    ("adanorm", {"k": 0.3, "scale": 2.0}),
-    ("rms", {}),
-    ("rms", {"eps": 1e-2}),
-    ("scale", {}),
-]
+# (name, options) of every fused configuration: the torch tests' per-token configurations but `layer`
+CONFIGS = [(name, opts) for name, opts in PER_TOKEN_CONFIGS if name != "layer"]
 IDS = [name + "".join(f"-{k}={v}" for k, v in opts.items()) for name, opts in CONFIGS]
 # T×B×C: C not a power of two (the kernels' channel block is), several tokens a tile;
 # one token alone (T·B = 1)
