@@ -14,7 +14,7 @@ from pathlib import Path
 import corpus_formats as formats
 from fetch import digest, fetch
 from moses import clean_corpus, lowercase_file
-from steps import REMOVE_BPE, SPLITS, Preparation
+from steps import BPE, REMOVE_BPE, SPLITS, Preparation
 from textfiles import PrepareError, concat, count_lines, iter_lines, link, write_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -265,7 +265,7 @@ def parse_options(name, d, argv):
     add("--dest", type=Path, default=REPO / "data" / "data-bin" / d.dest,
         help="fairseq-preprocess output (default: %(default)s)")
     if d.bpe_size is not None:
-        add("--bpe", default="subword-nmt", choices=list(REMOVE_BPE), help="subword units (default: %(default)s)")
+        add("--bpe", default=BPE, choices=list(REMOVE_BPE), help="subword units (default: %(default)s)")
         add("--bpe-size", type=whole_number, default=d.bpe_size, help="subword-nmt merges (default: %(default)s)")
     if name == "iwslt15-envi":
         add("--lowercase", action="store_true", help="lowercase both sides")

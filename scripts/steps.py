@@ -16,6 +16,7 @@ from textfiles import PrepareError, check_aligned, chunks, count_lines, iter_lin
 
 SPLITS = ("train", "valid", "test")
 REMOVE_BPE = {"subword-nmt": "@@ ", "none": None}  # what a config passes to fairseq-generate --remove-bpe
+BPE = "subword-nmt"  # the default --bpe of a translation corpus
 
 
 class Preparation:
