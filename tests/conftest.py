@@ -1,4 +1,6 @@
-"""Shared fixtures: a tiny binarized parallel corpus and fairseq CLI runners."""
+"""Shared fixtures: a tiny binarized parallel corpus, fairseq CLI runners, and data preparation's runners and
+archives."""
+import collections
 import os
 import random
 import subprocess
@@ -258,3 +260,121 @@ def run_workers(rank_args, tool="fairseq-train", env=None, timeout=180):
             + "\n".join(f"--- rank {r} stderr\n{e[-3000:]}" for r, (_, _, e) in enumerate(results))
         )
     return results
+
+
+# --------------------------------------------------------------------------- data preparation
+# scripts/prepare.py run in this process or as its shell script, the step folders it leaves, and small
+# archives in the upstream layouts (tests/test_prepare.py, tests/test_prepare_lm.py).
+FIXTURES = REPO / "tests" / "fixtures"
+needs_fairseq = pytest.mark.skipif(not (BIN / "fairseq-preprocess").exists(),
+                                   reason="fairseq-preprocess not installed next to python")
+Prepared = collections.namedtuple("Prepared", "returncode errors stderr")
+
+
+@pytest.fixture
+def prepare(capsys):
+    """prepare(DATASET, *ARGS): scripts/prepare.py DATASET --workers 1 ARGS in this process; returns its exit
+    status, its ERROR lines and its stderr."""
+    import prepare as script
+
+    def run(dataset, *args):
+        capsys.readouterr()
+        code = script.main([dataset, "--workers", "1", *map(str, args)])
+        err = capsys.readouterr().err
+        return Prepared(code, [x for x in err.splitlines() if x.startswith("ERROR")], err)
+    return run
+
+
+@pytest.fixture
+def unpublished(monkeypatch):
+    """No published size or checksum, so that small archives can stand for the real sources."""
+    import fetch
+
+    monkeypatch.setattr(fetch, "PUBLISHED", {})
+
+
+def run_killed_in(step, script, *args, timeout=120):
+    """Start scripts/SCRIPT in its own process group, SIGKILL the group as soon as it reports ``step STEP:
+    running`` (its folder STEP.tmp exists by then), and return what it wrote to stderr."""
+    import threading
+
+    proc = start_process(["bash", REPO / "scripts" / script, "--workers", "1", *args],
+                         env={"PYTHON": sys.executable}, stdout=subprocess.DEVNULL)
+    timer = threading.Timer(timeout, kill_group, [proc])
+    timer.start()
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if f"step {step}: running" in line:
+                break
+    finally:
+        timer.cancel()
+        kill_group(proc)
+        proc.stderr.close()
+    assert seen and f"step {step}: running" in seen[-1], "".join(seen)
+    return "".join(seen)
+
+
+def lines(path):
+    return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def sha(path):
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def step_outputs(work, dest=None):
+    """The steps done: name -> output folder (an unfinished one is STEP.tmp; binarize writes DEST)."""
+    done = {p.name: p for p in Path(work).glob("*") if p.is_dir() and p.suffix != ".tmp" and p.name != "archives"}
+    if dest is not None and Path(dest).is_dir():
+        done["binarize"] = Path(dest)
+    return done
+
+
+def markers(work, dest=None):
+    return sorted(step_outputs(work, dest))
+
+
+def outputs(work):
+    """Every file the steps made (not the downloads): path -> bytes."""
+    return {str(p.relative_to(work)): p.read_bytes() for p in sorted(Path(work).rglob("*"))
+            if p.is_file() and p.parts[len(Path(work).parts)] != "archives"}
+
+
+def make_tgz(path, files):
+    """A gzip'd tar of {name: text or bytes}, byte for byte the same on every run."""
+    import gzip
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in sorted(files):
+            data = files[name].encode("utf-8") if isinstance(files[name], str) else files[name]
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 1_400_000_000, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    Path(path).write_bytes(gzip.compress(buf.getvalue(), mtime=0))
+    return Path(path)
+
+
+def folder_tgz(path, root, prefix=""):
+    """make_tgz of every file under ROOT, named PREFIX + its path under ROOT."""
+    return make_tgz(path, {prefix + str(p.relative_to(root)): p.read_bytes() for p in Path(root).rglob("*")
+                           if p.is_file()})
+
+
+@pytest.fixture(scope="session")
+def golden_sources(tmp_path_factory):
+    """golden_sources(NAME): a folder of the upstream archives that tests/fixtures/NAME-golden/raw/ holds unpacked
+    (raw/ARCHIVE/...), packed as the golden run had them."""
+    def build(name):
+        folder = tmp_path_factory.mktemp(name) / "raw"
+        folder.mkdir()
+        for archive in (FIXTURES / f"{name}-golden" / "raw").iterdir():
+            folder_tgz(folder / archive.name, archive)
+        return folder
+    return build

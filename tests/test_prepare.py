@@ -1,138 +1,42 @@
 """scripts/prepare-*.sh (scripts/prepare.py) and the text steps they call.
 
-* The golden test: tests/fixtures/iwslt14-golden/ holds a small archive in the
-  IWSLT14 layout and what fairseq's own examples/translation/prepare-iwslt14.sh
-  (with mosesdecoder's perl scripts and subword-nmt) made of it; our script must
-  give byte-identical tokenized and BPE text (see the fixture's README).
-* Unit tests of the ports in prepare_text.py and prepare_corpus.py hold expected
-  values taken from the upstream perl scripts (tokenizer.perl at two mosesdecoder commits,
-  input-from-sgm.perl, clean-corpus-n.perl, lowercase.perl), run once by hand.
-* The other tests build small archives in the upstream layouts here (tgz with
-  de-en/, XML with <seg id>, sgm, plain text). Every sentence carries a pair id
-  (``x0042`` / ``ytst2010s3`` ...) on both sides, so alignment, filtering, the
-  valid split and the test concatenation can be checked line by line. Nothing is
-  downloaded: the archives are local, and the one URL test points at a closed
-  local port.
+* The golden tests: tests/fixtures/{iwslt14,wmt16,wmt14}-golden/ hold small archives in the upstream layouts and
+  what the upstream scripts themselves (fairseq's prepare-iwslt14.sh, google/seq2seq's wmt16_en_de.sh, Shen et al.'s
+  prepare-wmt14en2de.sh, with mosesdecoder's perl scripts and subword-nmt) made of them; ours must be byte-identical
+  (see each fixture's README).
+* Unit tests of the ports in moses.py and corpus_formats.py hold expected values taken from the upstream perl
+  scripts (tokenizer.perl at two mosesdecoder commits, input-from-sgm.perl, clean-corpus-n.perl, lowercase.perl),
+  run once by hand.
+* The other tests build small archives in the upstream layouts. Every sentence carries a pair id (``x0042`` /
+  ``ytst2010s3`` ...) on both sides, so alignment, filtering, the valid split and the test concatenation can be
+  checked line by line. Nothing is downloaded: the archives are local, and the download tests use a local server.
 """
-import gzip
-import hashlib
-import io
+import http.server
 import json
 import os
 import re
-import subprocess
-import sys
-import tarfile
 import threading
 from pathlib import Path
 
 import pytest
 
-import prepare_corpus as corpus
-import prepare_text as pt
-from conftest import kill_group, start_process
+import corpus_formats as formats
+import fetch
+import moses
+import prepare as prepare_script
+from conftest import (FIXTURES, folder_tgz, lines, make_tgz, markers, needs_fairseq, outputs, run_killed_in, sha,
+                      step_outputs)
+from textfiles import PrepareError
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
-GOLDEN = REPO / "tests" / "fixtures" / "iwslt14-golden"
-BIN = Path(sys.executable).parent
-HAVE_FAIRSEQ = (BIN / "fairseq-preprocess").exists()
-needs_fairseq = pytest.mark.skipif(not HAVE_FAIRSEQ, reason="fairseq-preprocess not installed next to python")
-
+GOLDEN = FIXTURES / "iwslt14-golden"
 WORDS_DE = ("die größe der straße ist schön und wir müssen über öl reden weil "
             "häuser bäume früher später gehen kommen sehen hören").split()
 WORDS_EN = ("the size of the street is nice and we must talk about oil because "
             "houses trees earlier later go come see hear").split()
 
 
-def run(script, *args, timeout=120):
-    return subprocess.run(
-        ["bash", str(SCRIPTS / script), "--workers", "1", *map(str, args)],
-        capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable), timeout=timeout,
-    )
-
-
-def run_killed_in(step, script, *args, timeout=120):
-    """Start a prepare script in its own process group, SIGKILL the group as soon as it
-    reports ``step STEP: running`` (its step folder STEP.tmp exists by then), and return
-    what it wrote to stderr. Fails if the script never gets there."""
-    proc = start_process(["bash", SCRIPTS / script, "--workers", "1", *args],
-                         env={"PYTHON": sys.executable}, stdout=subprocess.DEVNULL)
-    timer = threading.Timer(timeout, kill_group, [proc])
-    timer.start()
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if f"step {step}: running" in line:
-                kill_group(proc)
-                break
-    finally:
-        timer.cancel()
-        kill_group(proc)
-        proc.stderr.close()
-    assert seen and f"step {step}: running" in seen[-1], "".join(seen)
-    return "".join(seen)
-
-
-def outputs(work):
-    """Every file the steps made (not the downloads): path -> bytes."""
-    return {str(p.relative_to(work)): p.read_bytes() for p in sorted(Path(work).rglob("*"))
-            if p.is_file() and p.parts[len(Path(work).parts)] != "archives"}
-
-
-def errors(r):
-    return [x for x in r.stderr.splitlines() if x.startswith("ERROR")]
-
-
-def lines(path):
-    return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
-
-
-def sha(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def step_outputs(work, dest=None):
-    """The steps done: name -> their output folder (a step's unfinished output is STEP.tmp;
-    binarize writes DEST)."""
-    done = {p.name: p for p in Path(work).glob("*") if p.is_dir() and p.suffix != ".tmp" and p.name != "archives"}
-    if dest is not None and Path(dest).is_dir():
-        done["binarize"] = Path(dest)
-    return done
-
-
-def markers(work, dest=None):
-    return sorted(step_outputs(work, dest))
-
-
 def ids(line):
     return re.findall(r"\b(x\d{4}|y[a-z]+\d{4}s\d+)\b", line)
-
-
-def add_file(tar, name, text):
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = 1_400_000_000
-    info.mode = 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-def make_tgz(path, files):
-    """A gzip'd tar of {name: text}, byte-for-byte the same on every run."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name in sorted(files):
-            add_file(tar, name, files[name])
-    Path(path).write_bytes(gzip.compress(buf.getvalue(), mtime=0))
-    return path
-
-
-def folder_tgz(path, root, prefix=""):
-    """make_tgz of every file under root, named prefix + its path under root."""
-    root = Path(root)
-    return make_tgz(path, {prefix + str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()})
 
 
 # --- the ports, against values from the upstream perl scripts ----------------------
@@ -167,28 +71,28 @@ TOKENIZER_EN = [
 @pytest.mark.parametrize("lang,cases", [("de", TOKENIZER_DE), ("en", TOKENIZER_EN)])
 def test_tokenizer_matches_tokenizer_perl(lang, cases):
     for line, current, old in cases:
-        assert pt.MosesTokenizer(lang)(line) == current, line
-        assert pt.MosesTokenizer(lang, moses="2017")(line) == old, line
+        assert moses.MosesTokenizer(lang)(line) == current, line
+        assert moses.MosesTokenizer(lang, moses="2017")(line) == old, line
 
 
 def test_tokenizer_differs_from_sacremoses_where_perl_does():
-    """Why prepare_text.py carries its own port: sacremoses (as installed) keeps the
+    """Why moses.py carries its own port: sacremoses (as installed) keeps the
     final dot that tokenizer.perl splits since 2018, and splits CJK characters."""
     from sacremoses import MosesTokenizer
 
     for line, perl in (("So am I.", "So am I ."), ("中文 und 日本語", "中文 und 日本語")):
-        assert pt.MosesTokenizer("en")(line) == perl
+        assert moses.MosesTokenizer("en")(line) == perl
         assert MosesTokenizer(lang="en").tokenize(line, escape=True, return_str=True) != perl
 
 
 def test_lowercase_like_perl_lc():
     # perl's lc has no final-sigma rule; Python's str.lower() has
-    assert pt.perl_lc("ΟΔΥΣΣΕΑΣ İst GROẞ") == "οδυσσεασ i̇st groß"
+    assert moses.perl_lc("ΟΔΥΣΣΕΑΣ İst GROẞ") == "οδυσσεασ i̇st groß"
     assert "ΟΔΥΣΣΕΑΣ".lower() == "οδυσσεας"
 
 
 def clean(src, tgt, *args, **kwargs):
-    kept = list(pt.clean_pairs(zip(src, tgt), *args, **kwargs))
+    kept = list(moses.clean_pairs(zip(src, tgt), *args, **kwargs))
     return [f for f, _ in kept], [e for _, e in kept]
 
 
@@ -222,33 +126,14 @@ SGM_TEXT = ["Gutach: Noch mehr Sicherheit für Fußgänger", "Sie stehen keine 1
 
 
 def test_sgm_text_like_input_from_sgm_perl():
-    assert corpus.sgm_text(SGM) == SGM_TEXT
+    assert formats.sgm_text(SGM) == SGM_TEXT
 
 
 def test_iwslt_xml_like_fairseq_grep_sed():
     xml = ['<doc docid="1" genre="lectures">', "<title>Größe’s</title>",
            '<seg id="1"> Jörg’s Idee\t</seg>  ', '<seg id="22">x</seg>', "<seg id=\"3\">\u2009thin\u2009</seg>",
            '<seg id="4">\u00a0</seg>', "</doc>"]
-    assert corpus.iwslt_xml_lines(xml) == ["Jörg's Idee", "x", "thin", "\u00a0"]
-
-
-@pytest.mark.parametrize("content,kind,ok,says", [
-    (b"<!DOCTYPE html><html><head><title>404</title></head></html>", "gzip", False, "HTML page"),
-    (b"", "gzip", False, "empty"),
-    (os.urandom(300) + b"\x00", "gzip", False, "binary"),
-    (gzip.compress(b"x"), "gzip", True, ""),
-    (gzip.compress(b"x"), "text", False, "gzip"),
-    ("Đây là một câu .\n".encode(), "text", True, ""),
-    ("Đây là một câu .\n".encode()[:-3] + b"\xff\n", "text", False, "not UTF-8"),
-    (b'<?xml version="1.0"?>\n<mteval>', "text", False, "is an XML file, not a plain text file"),
-])
-def test_check_kind(tmp_path, content, kind, ok, says):
-    f = tmp_path / "f"
-    f.write_bytes(content)
-    why = corpus.check_kind(f, kind)
-    assert (why is None) == ok, why
-    if not ok:
-        assert says in why
+    assert formats.iwslt_xml_lines(xml) == ["Jörg's Idee", "x", "thin", "\u00a0"]
 
 
 # --- IWSLT14: the golden test ---------------------------------------------------------
@@ -262,11 +147,11 @@ def golden_archive(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_iwslt14_golden_fairseq_script(tmp_path, golden_archive):
+def test_iwslt14_golden_fairseq_script(tmp_path, golden_archive, prepare):
     """Byte-identical to fairseq's prepare-iwslt14.sh (BPE_TOKENS=300) on the fixture."""
     work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", golden_archive, "--work", work, "--bpe-size", 300,
-            "--no-binarize", "--skip-size-check")
+    r = prepare("iwslt14", "--archive", golden_archive, "--work", work, "--bpe-size", 300, "--no-binarize",
+                "--skip-size-check")
     assert r.returncode == 0, r.stderr
     exp = GOLDEN / "expected"
     for lang in ("de", "en"):
@@ -423,13 +308,13 @@ def check_iwslt14_split(work, pairs):
 
 @pytest.mark.slow
 @needs_fairseq
-def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
+def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive, prepare):
     """The default run on a held-out archive: the classic recipe's split,
     subword-nmt units in the dictionary, prepare.json; a re-run skips everything."""
     pairs = iwslt14_corpus()
     work, dest = tmp_path / "work", tmp_path / "bin"
     args = ("--archive", iwslt14_archive, "--work", work, "--dest", dest, "--bpe-size", 200, "--skip-size-check")
-    r = run("prepare-iwslt14.sh", *args)
+    r = prepare("iwslt14", *args)
     assert r.returncode == 0, r.stderr
     train, valid, test = check_iwslt14_split(work, pairs)
     assert len(train) == 315 and len(valid) == 14 and len(test) == 20
@@ -459,27 +344,26 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
     assert sum(u.endswith("@@") for u in units) > 20
     for f in ("train.de-en.de.bin", "valid.de-en.en.idx", "test.de-en.de.bin", "code", "preprocess.log"):
         assert (dest / f).exists(), f
-    assert not (dest / "prepare-info.txt").exists()
     info = json.loads((dest / "prepare.json").read_text())
     assert info["dataset"] == "iwslt14.de-en" and info["bpe"] == "subword-nmt" and info["bpe_size"] == 200
     assert info["remove_bpe"] == "@@ " and info["lowercased"] is True
     assert info["sizes"] == {"train": 315, "valid": 14, "test": 20}
     assert info["sources"] == {"de-en.tgz": sha(iwslt14_archive)}
     assert info["size_check"].startswith("skipped: train has 315 pairs, published 160239")
-    assert "prepare-iwslt14.sh" in info["script"] and info["date"].endswith("Z")
+    assert "prepare-iwslt14.sh" in info["script"] and info["date"].endswith("Z") and "reproduces" in info
     done = step_outputs(work, dest)
     assert sorted(done) == sorted(("fetch", "extract", "text", "tok", "split", "bpe-learn", "bpe", "binarize"))
     mtimes = {m: p.stat().st_mtime_ns for m, p in done.items()}
 
     # second run: every step skipped, nothing rewritten
-    r2 = run("prepare-iwslt14.sh", *args)
+    r2 = prepare("iwslt14", *args)
     assert r2.returncode == 0, r2.stderr
     assert r2.stderr.count("done before, skipping") == 8, r2.stderr
     assert "running" not in r2.stderr
     assert {m: p.stat().st_mtime_ns for m, p in step_outputs(work, dest).items()} == mtimes
 
     # a changed BPE size redoes bpe-learn and everything after it, not the text steps
-    r3 = run("prepare-iwslt14.sh", *args, "--bpe-size", 150, "--no-binarize")
+    r3 = prepare("iwslt14", *args, "--bpe-size", 150, "--no-binarize")
     assert r3.returncode == 0, r3.stderr
     assert "step split: done before, skipping" in r3.stderr
     assert "step bpe-learn: running" in r3.stderr and "step bpe: running" in r3.stderr
@@ -487,46 +371,50 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive):
 
 
 @pytest.mark.slow
-def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive):
+def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive, prepare):
     work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize")
-    assert r.returncode != 0
-    err = errors(r)
-    assert len(err) == 1, r.stderr
+    r = prepare("iwslt14", "--archive", iwslt14_archive, "--work", work, "--no-binarize")
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
     for figure in ("train has 315 pairs, published 160239", "valid has 14 pairs, published 7283",
                    "test has 20 pairs, published 6750", "--skip-size-check"):
-        assert figure in err[0]
+        assert figure in r.errors[0]
     assert markers(work) == ["extract", "fetch", "split", "text", "tok"]  # no BPE on a wrong corpus
 
 
-@pytest.mark.parametrize("args,says", [
-    (("--bpe", "bpe32k"), "--bpe must be subword-nmt or none, got 'bpe32k'"),
-    (("--bpe-size", "0"), "--bpe-size must be over 0 for --bpe subword-nmt (use --bpe none for no BPE)"),
-    (("--bpe-size", "10k"), "--bpe-size must be a whole number, got '10k'"),
-    (("--lowercase",), "unknown option '--lowercase'"),
+@pytest.mark.parametrize("dataset,args,says", [
+    ("iwslt13", (), ("iwslt13", "iwslt14, iwslt15-envi")),
+    ("iwslt14", ("--bpe", "bpe32k"), ("'bpe32k'", "subword-nmt", "none")),
+    ("iwslt14", ("--bpe-size", "10k"), ("--bpe-size", "'10k'")),
+    ("iwslt14", ("--workers", "0"), ("--workers", "'0'")),
+    ("iwslt14", ("--lowercase",), ("--lowercase", "--archive --work")),  # the options it takes
+    ("iwslt14", ("--archive", "MISSING"), ("MISSING", "a copy of de-en.tgz")),
+    ("wmt14", ("--archive", "MISSING"), ("MISSING/training-parallel-europarl-v7.tgz is not", "a folder holding")),
 ])
-def test_bad_options(tmp_path, args, says):
-    r = run("prepare-iwslt14.sh", "--work", tmp_path / "work", *args)
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1 and says in err[0], r.stderr
+def test_bad_input_one_line_naming_the_value(tmp_path, prepare, dataset, args, says):
+    r = prepare(dataset, *[str(tmp_path / "x") if a == "MISSING" else a for a in args], "--work", tmp_path / "w",
+                "--no-binarize")
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+    for part in says:
+        assert part.replace("MISSING", str(tmp_path / "x")) in r.errors[0], r.errors[0]
+    assert not (tmp_path / "w").exists()  # nothing written
 
 
 @pytest.mark.slow
-def test_iwslt14_killed_mid_step_then_rerun(tmp_path):
+def test_iwslt14_killed_mid_step_then_rerun(tmp_path, prepare):
     """SIGKILL inside a step, twice: no step is marked done with partial output, and the
     re-run's output is byte-identical to that of a run never interrupted. The corpus is ten
     times the held-out one, so that each step runs long enough for the kill to land in it."""
     archive = make_iwslt14_archive(tmp_path / "de-en.tgz", iwslt14_corpus() * 10)
     args = ("--archive", archive, "--bpe-size", 200, "--no-binarize", "--skip-size-check")
     whole, work = tmp_path / "whole", tmp_path / "work"
-    assert run("prepare-iwslt14.sh", *args, "--work", whole).returncode == 0
+    assert prepare("iwslt14", *args, "--work", whole).returncode == 0
     run_killed_in("split", "prepare-iwslt14.sh", *args, "--work", work)
     assert markers(work) == ["extract", "fetch", "text", "tok"]
     assert (work / "split.tmp").is_dir() and not (work / "split").exists()
     err = run_killed_in("bpe", "prepare-iwslt14.sh", *args, "--work", work)
     assert "step tok: done before, skipping" in err and "step split: running" in err
     assert markers(work) == ["bpe-learn", "extract", "fetch", "split", "text", "tok"]
-    r = run("prepare-iwslt14.sh", *args, "--work", work)
+    r = prepare("iwslt14", *args, "--work", work)
     assert r.returncode == 0, r.stderr
     assert "step bpe-learn: done before, skipping" in r.stderr and "step bpe: running" in r.stderr
     assert not list(work.glob("*.tmp"))
@@ -534,153 +422,133 @@ def test_iwslt14_killed_mid_step_then_rerun(tmp_path):
     assert outputs(work) == outputs(whole)
 
 
-@pytest.mark.slow
-def test_iwslt14_bad_archives(tmp_path, iwslt14_archive):
-    """Each stops with one ERROR line naming the file and what it is."""
-    work = tmp_path / "work"
-    data = Path(iwslt14_archive).read_bytes()
-    cases = {
-        "truncated.tgz": (data[: len(data) // 2], "is corrupt or truncated"),
-        "garbage.tgz": (os.urandom(5000) + b"\x00", "is binary data, not a gzip archive"),
-        "error-page.tgz": (b"<!DOCTYPE html>\n<html><head><title>Not Found</title></head></html>\n",
-                           "is an HTML page"),
-        "empty.tgz": (b"", "is empty"),
-        "readme.tgz": (b"IWSLT 2014 evaluation campaign, German-English\n", "is plain text, not a gzip archive"),
-    }
-    for name, (content, says) in cases.items():
-        bad = tmp_path / name
-        bad.write_bytes(content)
-        r = run("prepare-iwslt14.sh", "--archive", bad, "--work", work, "--no-binarize")
-        assert r.returncode != 0
-        err = errors(r)
-        assert len(err) == 1 and str(bad) in err[0] and says in err[0] and "--archive" in err[0], (name, r.stderr)
-        assert markers(work) == []
+def test_iwslt14_bad_archives(tmp_path, iwslt14_archive, prepare):
+    """Each stops with one ERROR line naming the file; no step after fetch is done."""
+    data = iwslt14_archive.read_bytes()
+    for name, content in (("truncated.tgz", data[: len(data) // 2]),
+                          ("page.tgz", b"<!DOCTYPE html>\n<html><head><title>Not Found</title></head></html>\n")):
+        (tmp_path / name).write_bytes(content)
+        work = tmp_path / name.replace(".", "-")
+        r = prepare("iwslt14", "--archive", tmp_path / name, "--work", work, "--no-binarize")
+        assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+        assert f"cannot extract {tmp_path / name}" in r.errors[0] and "--archive" in r.errors[0], r.errors[0]
+        assert markers(work) == ["fetch"]
 
 
-def test_iwslt14_misaligned_sides(tmp_path):
+def test_iwslt14_misaligned_sides(tmp_path, prepare):
+    """A training or test side with a line too many stops the run, naming both files' lines."""
     pairs = iwslt14_corpus()[:40]
     files = {f"de-en/train.tags.de-en.{lang}": iwslt14_train_tags(pairs, lang) for lang in ("de", "en")}
-    files["de-en/train.tags.de-en.en"] += "one line too many\n"
     for kind, year, n in TEST_SETS:
         for lang in ("de", "en"):
             files[f"de-en/IWSLT14.{kind}.{year}.de-en.{lang}.xml"] = iwslt14_xml(kind, year, n, lang)
-    archive = make_tgz(tmp_path / "de-en.tgz", files)
-    r = run("prepare-iwslt14.sh", "--archive", archive, "--work", tmp_path / "work", "--no-binarize")
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1, r.stderr
-    assert "not line-aligned" in err[0] and "train.de has 45 lines" in err[0] and "train.en has 46 lines" in err[0]
+    extra_seg = files["de-en/IWSLT14.TED.tst2011.de-en.en.xml"].replace("</doc>", '<seg id="3"> y . </seg>\n</doc>')
+    for name, (key, text) in {"train": ("de-en/train.tags.de-en.en", files["de-en/train.tags.de-en.en"] + "x\n"),
+                              "test": ("de-en/IWSLT14.TED.tst2011.de-en.en.xml", extra_seg)}.items():
+        archive = make_tgz(tmp_path / f"{name}.tgz", {**files, key: text})
+        r = prepare("iwslt14", "--archive", archive, "--work", tmp_path / name, "--no-binarize", "--skip-size-check")
+        assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+        n = 45 if name == "train" else 20
+        assert "not line-aligned" in r.errors[0] and f"{name}.de has {n} lines" in r.errors[0], r.errors[0]
+        assert f"{name}.en has {n + 1} lines" in r.errors[0], r.errors[0]
 
 
-def test_iwslt14_html_download_set_aside(tmp_path):
-    """A download that is an HTML page stops the run and is moved aside."""
-    page = tmp_path / "page.html"
-    page.write_text("<html><head><title>Please log in</title></head><body></body></html>\n")
-    work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--url", f"file://{page}", "--work", work, "--no-binarize")
-    assert r.returncode != 0
-    err = errors(r)
-    assert len(err) == 1 and "de-en.tgz is an HTML page" in err[0] and f"file://{page}" in err[0], r.stderr
-    assert (work / "archives" / "de-en.tgz.bad").exists() and not (work / "archives" / "de-en.tgz").exists()
+# --- downloads: resumed, and verified before use -----------------------------------------
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """GET of server.files[PATH]: from the Range start unless server.ranges is False; cut after server.cut[0]
+    bytes while server.cut holds a length (the connection drops)."""
+
+    def do_GET(self):
+        s = self.server
+        s.seen.append(self.headers.get("Range"))
+        if self.path not in s.files:
+            return self.send_error(404)
+        data = s.files[self.path]
+        start = int(self.headers["Range"][len("bytes="):-1]) if s.ranges and self.headers["Range"] else 0
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:start + s.cut.pop(0)] if s.cut else data[start:])
+
+    def log_message(self, *args):
+        pass
 
 
-def test_iwslt14_checksum_mismatch(tmp_path, iwslt14_archive):
-    work = tmp_path / "work"
-    r = run("prepare-iwslt14.sh", "--archive", iwslt14_archive, "--work", work, "--no-binarize",
-            "--sha256", "0" * 64)
-    assert r.returncode != 0
-    assert "checksum mismatch" in r.stderr and str(iwslt14_archive) in r.stderr
-    assert markers(work) == []
+@pytest.fixture
+def server():
+    s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    s.files, s.ranges, s.cut, s.seen = {}, True, [], []
+    s.url = f"http://127.0.0.1:{s.server_port}"
+    threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True).start()
+    yield s
+    s.shutdown()
+    s.server_close()
 
 
-def test_iwslt14_unreachable_url(tmp_path):
-    work = tmp_path / "work"
-    url = "http://127.0.0.1:9/x.tgz"
-    r = run("prepare-iwslt14.sh", "--url", url, "--work", work, "--no-binarize", timeout=60)
-    assert r.returncode != 0
-    err = errors(r)
-    assert len(err) == 1 and url in err[0] and "--archive" in err[0], r.stderr
-    assert markers(work) == []
+def test_download_resumes_after_a_cut_connection(tmp_path, server):
+    data, url, path = os.urandom(100_000), server.url + "/f.tgz", tmp_path / "f.tgz"
+    part = tmp_path / "f.tgz.part"
+    server.files["/f.tgz"], server.cut = data, [30_000]
+    with pytest.raises(PrepareError, match=f"download of {url} stopped at 30000 of 100000 bytes; re-run to resume"):
+        fetch.download(url, path)
+    assert part.read_bytes() == data[:30_000] and not path.exists()
+    fetch.download(url, path)  # only the rest is sent
+    assert path.read_bytes() == data and not part.exists()
+    assert server.seen == ["bytes=0-", "bytes=30000-"]
+    # a server that ignores the Range sends the whole file, which replaces the .part
+    server.ranges, path = False, tmp_path / "g.tgz"
+    (tmp_path / "g.tgz.part").write_bytes(b"x" * 500)
+    fetch.download(url, path)
+    assert path.read_bytes() == data
+    with pytest.raises(PrepareError, match=r"cannot download http://127.0.0.1:\d+/gone.tgz \(HTTP 404"):
+        fetch.download(server.url + "/gone.tgz", tmp_path / "gone.tgz")
 
 
-def test_iwslt14_file_url_download(tmp_path, iwslt14_archive):
-    """A file:// URL goes through the download path and is then verified."""
-    work = tmp_path / "work"
-    run_killed_in("tok", "prepare-iwslt14.sh", "--url", f"file://{iwslt14_archive}", "--work", work,
-                  "--no-binarize")
-    assert (work / "archives" / "de-en.tgz").read_bytes() == Path(iwslt14_archive).read_bytes()
-    assert markers(work) == ["extract", "fetch", "text"]
-
-
-def test_download_resumes_with_a_range_request(tmp_path):
-    """A .part left by an earlier run is resumed with an HTTP Range request; a server that ignores
-    it sends the whole file, which replaces the .part; a failure names the URL."""
-    import http.server
-
-    import prepare_steps
-
-    data, seen = os.urandom(100_000), []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            seen.append(self.headers.get("Range"))
-            if self.path != "/f.tgz":
-                return self.send_error(404)
-            start = int(self.headers["Range"][len("bytes="):-1]) if self.server.ranges else 0
-            self.send_response(206 if start else 200)
-            self.send_header("Content-Length", str(len(data) - start))
-            self.end_headers()
-            self.wfile.write(data[start:])
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/f.tgz"
-    try:
-        for server.ranges in (True, False):
-            path = tmp_path / f"f-{server.ranges}.tgz"
-            path.with_name(path.name + ".part").write_bytes(data[:30_000])
-            prepare_steps.download(url, path)
-            assert path.read_bytes() == data and not path.with_name(path.name + ".part").exists()
-        assert seen == ["bytes=30000-", "bytes=30000-"]
-        with pytest.raises(pt.PrepareError, match=r"cannot download http://127.0.0.1:\d+/gone.tgz \(HTTP 404"):
-            prepare_steps.download(url.replace("f.tgz", "gone.tgz"), tmp_path / "gone.tgz")
-    finally:
-        server.shutdown()
+def test_download_is_verified_before_use(tmp_path, iwslt14_archive, server, prepare, monkeypatch):
+    """A download whose checksum is not the published one is set aside and stops the run; the next run downloads
+    it again; an unreachable server is named, with the way to work offline."""
+    url, work, data = server.url + "/de-en.tgz", tmp_path / "work", iwslt14_archive.read_bytes()
+    server.files["/de-en.tgz"] = data
+    monkeypatch.setitem(prepare_script.IWSLT14_SOURCES, "de-en.tgz", url)
+    monkeypatch.setitem(fetch.PUBLISHED, url, (len(data), "sha256:" + "0" * 64))
+    r = prepare("iwslt14", "--work", work, "--no-binarize")
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+    assert f"has sha256 {sha(iwslt14_archive)}, not the published {'0' * 64} of {url}" in r.errors[0]
+    assert "set aside as de-en.tgz.bad" in r.errors[0]
+    assert (work / "archives" / "de-en.tgz.bad").read_bytes() == data and markers(work) == []
+    monkeypatch.setitem(fetch.PUBLISHED, url, (len(data), "sha256:" + sha(iwslt14_archive)))
+    r = prepare("iwslt14", "--work", work, "--no-binarize", "--skip-size-check", "--bpe", "none")
+    assert r.returncode == 0, r.stderr
+    assert (work / "archives" / "de-en.tgz").read_bytes() == data and len(server.seen) == 2
+    monkeypatch.setitem(prepare_script.IWSLT14_SOURCES, "de-en.tgz", "http://127.0.0.1:9/de-en.tgz")
+    r = prepare("iwslt14", "--work", tmp_path / "w2", "--no-binarize")
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+    assert "cannot download http://127.0.0.1:9/de-en.tgz" in r.errors[0] and "--archive" in r.errors[0]
 
 
 # --- WMT16 from the raw corpora --------------------------------------------------------
 
-WMT_GOLDEN = REPO / "tests" / "fixtures" / "wmt16-golden"
-WMT_SOURCES = ("de-en.tgz", "training-parallel-commoncrawl.tgz", "training-parallel-nc-v11.tgz", "dev.tgz")
+WMT16_GOLDEN = FIXTURES / "wmt16-golden"
 
 
 @pytest.fixture(scope="module")
-def wmt16_sources(tmp_path_factory):
-    """The four upstream archives, small, in their real layouts (from the fixture's
-    raw/ folders), and a sha256sum list of them."""
-    folder = tmp_path_factory.mktemp("wmt16") / "raw"
-    folder.mkdir()
-    for name in WMT_SOURCES:
-        folder_tgz(folder / name, WMT_GOLDEN / "raw" / name)
-    sums = folder.parent / "SHA256SUMS"
-    sums.write_text("".join(f"{sha(folder / n)}  {n}\n" for n in WMT_SOURCES))
+def wmt16_sources(golden_sources):
+    folder = golden_sources("wmt16")
     # the very bytes google/seq2seq's script was run on (tests/fixtures/wmt16-golden/README.md)
     assert sha(folder / "dev.tgz") == "e609d4976f0f83e1dfc29eb5cc50b56d6ca86da690529f56825805dd0e26985c"
     assert sha(folder / "de-en.tgz") == "7cdb71f6fc9e36d21a133e7fb37903a9bc51e2f6ef46dd8eb22a79ddc6aed8fb"
-    return folder, sums
+    return folder
 
 
 @pytest.mark.slow
-def test_wmt16_golden_google_script(tmp_path, wmt16_sources):
+def test_wmt16_golden_google_script(tmp_path, wmt16_sources, prepare, unpublished):
     """Byte-identical to google/seq2seq's wmt16_en_de.sh (merge_ops=200) on the fixture."""
-    src, sums = wmt16_sources
     work = tmp_path / "work"
-    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", work, "--bpe-size", 200,
-            "--no-binarize", "--skip-size-check")
+    r = prepare("wmt16", "--archive", wmt16_sources, "--work", work, "--bpe-size", 200, "--no-binarize",
+                "--skip-size-check")
     assert r.returncode == 0, r.stderr
-    exp = WMT_GOLDEN / "expected"
+    exp = WMT16_GOLDEN / "expected"
     for lang in ("en", "de"):
         for ours, theirs in ((work / "text" / f"test.{lang}", f"newstest2014.{lang}"),  # from the .sgm
                              (work / "clean" / f"train.{lang}", f"train.tok.clean.{lang}"),
@@ -692,105 +560,46 @@ def test_wmt16_golden_google_script(tmp_path, wmt16_sources):
             assert ours.read_bytes() == (exp / theirs).read_bytes(), theirs
     assert (work / "bpe-learn" / "code").read_bytes() == (exp / "bpe.200").read_bytes()
     # the train text is Europarl, Common Crawl, News Commentary, in that order
-    raw = WMT_GOLDEN / "raw"
+    raw = WMT16_GOLDEN / "raw"
     assert lines(work / "text" / "train.de") == (
         lines(raw / "de-en.tgz" / "europarl-v7.de-en.de") + lines(raw / "training-parallel-commoncrawl.tgz" / "commoncrawl.de-en.de")
         + lines(raw / "training-parallel-nc-v11.tgz" / "training-parallel-nc-v11" / "news-commentary-v11.de-en.de"))
     assert "clean-corpus: kept 125 of 130 pairs" in r.stderr
+    # with --skip-size-check the sizes and the md5 of newstest2014.de are reported, not enforced
+    assert "train has 125 pairs, published 4400000-4600000" in r.stderr
+    assert "valid has 14 pairs, published 3000" in r.stderr and "test has 13 pairs, published 3003" in r.stderr
+    assert "(md5), published f6c3818b477e4a25cad68b61cc883c17" in r.stderr
 
 
 @pytest.mark.slow
 @needs_fairseq
-def test_wmt16_binarized_and_manifest(tmp_path, wmt16_sources):
-    src, sums = wmt16_sources
-    work, dest = tmp_path / "work", tmp_path / "bin"
-    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", work, "--dest", dest,
-            "--bpe-size", 200, "--skip-size-check")
+def test_wmt16_binarized_and_manifest(tmp_path, wmt16_sources, prepare, unpublished):
+    src, work, dest = wmt16_sources, tmp_path / "work", tmp_path / "bin"
+    r = prepare("wmt16", "--archive", src, "--work", work, "--dest", dest, "--bpe-size", 200, "--skip-size-check")
     assert r.returncode == 0, r.stderr
     info = json.loads((dest / "prepare.json").read_text())
-    assert info["dataset"] == "wmt16.en-de" and info["from"] == "raw"
+    assert info["dataset"] == "wmt16.en-de"
     assert info["bpe"] == "subword-nmt" and info["bpe_size"] == 200 and info["remove_bpe"] == "@@ "
     assert info["lowercased"] is False and info["sizes"] == {"train": 125, "valid": 14, "test": 13}
-    assert info["sources"] == {n: sha(src / n) for n in WMT_SOURCES}
+    assert info["sources"] == {n: sha(src / n) for n in prepare_script.WMT16_SOURCES}
     assert (dest / "code").read_bytes() == (work / "bpe-learn" / "code").read_bytes()
     log = (dest / "preprocess.log").read_text()
     assert "nwordssrc=32768" in log and "joined_dictionary=True" in log and "source_lang='en'" in log
 
 
-@pytest.mark.slow
-def test_wmt16_checks(tmp_path, wmt16_sources):
-    src, sums = wmt16_sources
-    # the cited size and checksum of Common Crawl and News Commentary v11
-    # (tensorflow/datasets) are enforced
-    r = run("prepare-wmt16.sh", "--archive", src, "--work", tmp_path / "w1", "--no-binarize")
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1, r.stderr
-    cc = (src / "training-parallel-commoncrawl.tgz").stat().st_size
-    assert f"training-parallel-commoncrawl.tgz has {cc} bytes, the published" in err[0] and "918311367 bytes" in err[0]
-    some = tmp_path / "some.sha256"
-    some.write_text("".join(x + "\n" for x in sums.read_text().splitlines() if "nc-v11" not in x))
-    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", some, "--work", tmp_path / "w1", "--no-binarize")
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1 and "training-parallel-nc-v11.tgz has" in err[0], r.stderr
-    assert "75178032 bytes" in err[0]
-    # a test set that is not the standard one stops the run (md5 of newstest2014.de)
-    r = run("prepare-wmt16.sh", "--archive", src, "--sha256-file", sums, "--work", tmp_path / "w2", "--no-binarize")
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1 and "f6c3818b477e4a25cad68b61cc883c17" in err[0], r.stderr
-    # with --skip-size-check the sizes are reported, not enforced
-    err = run_killed_in("bpe-learn", "prepare-wmt16.sh", "--archive", src, "--sha256-file", sums,
-                        "--work", tmp_path / "w2", "--no-binarize", "--skip-size-check")
-    assert "train has 125 pairs, published 4400000-4600000" in err
-    assert "valid has 14 pairs, published 3000" in err and "test has 13 pairs, published 3003" in err
-
-
-def wmt_pairs(tag, n):
-    en = [f"x{tag}{k:03d} The street is nice , said Jörg &apos;s friend ." for k in range(n)]
-    de = [f"x{tag}{k:03d} Die Straße ist schön , sagte Jörgs Freund ." for k in range(n)]
-    return en, de
-
-
-def bpe_google(line):
-    return " ".join(w if len(w) <= 4 or w.startswith("x") else f"{w[:3]}@@ {w[3:]}" for w in line.split())
-
-
-def make_wmt16_google_archive(path, drop=None):
-    files = {"bpe.32000": "#version: 0.2\nt h\n", "vocab.bpe.32000": "<unk>\n<s>\n</s>\nthe\n"}
-    for name, n in (("train", 60), ("newstest2013", 7), ("newstest2014", 9)):
-        en, de = wmt_pairs(name[:1], n)
-        tok = "tok.clean" if name == "train" else "tok"
-        for lang, text in (("en", en), ("de", de)):
-            for fname, body in {f"{name}.{lang}": text, f"{name}.{tok}.{lang}": text,
-                                f"{name}.{tok}.bpe.32000.{lang}": [bpe_google(x) for x in text]}.items():
-                if fname != drop:
-                    files[fname] = "\n".join(body) + "\n"
-    return make_tgz(path, files)
-
-
-@pytest.mark.slow
-def test_wmt16_google_archive(tmp_path):
-    archive = make_wmt16_google_archive(tmp_path / "wmt16_en_de.tar.gz")
-    work, dest = tmp_path / "work", tmp_path / "bin"
-    binarize = () if HAVE_FAIRSEQ else ("--no-binarize",)
-    r = run("prepare-wmt16.sh", "--archive", archive, "--work", work, "--dest", dest, "--skip-size-check",
-            *binarize)
-    assert r.returncode == 0, r.stderr
-    for split, name, n in (("train", "train", 60), ("valid", "newstest2013", 7), ("test", "newstest2014", 9)):
-        for lang, text in zip(("en", "de"), wmt_pairs(name[:1], n)):
-            assert lines(work / "text" / f"{split}.{lang}") == [bpe_google(x) for x in text]
-    assert not (work / "bpe-learn").exists()  # the archive's own BPE
-    if HAVE_FAIRSEQ:
-        d = (dest / "dict.en.txt").read_text(encoding="utf-8")
-        assert "str@@ " in d and d == (dest / "dict.de.txt").read_text(encoding="utf-8")
-        info = json.loads((dest / "prepare.json").read_text())
-        assert info["bpe"] == "subword-nmt" and info["bpe_size"] == 32000 and info["remove_bpe"] == "@@ "
-        assert info["sources"] == {"wmt16_en_de.tar.gz": sha(archive)} and info["from"] == "google"
-        assert (dest / "code").read_text() == "#version: 0.2\nt h\n"
-
-    broken = make_wmt16_google_archive(tmp_path / "broken.tar.gz", drop="newstest2014.tok.bpe.32000.de")
-    r = run("prepare-wmt16.sh", "--archive", broken, "--work", tmp_path / "w2", "--no-binarize")
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1 and "newstest2014.tok.bpe.32000.de is missing" in err[0], r.stderr
+def test_wmt16_published_sizes_and_checksums_enforced(tmp_path, wmt16_sources, prepare, monkeypatch):
+    """Common Crawl's published size (tensorflow/datasets), and the md5 of newstest2014.de as
+    input-from-sgm.perl writes it (NVIDIA), stop a run on other files."""
+    r = prepare("wmt16", "--archive", wmt16_sources, "--work", tmp_path / "w1", "--no-binarize")
+    cc = (wmt16_sources / "training-parallel-commoncrawl.tgz").stat().st_size
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+    assert f"training-parallel-commoncrawl.tgz has {cc} bytes, not the published 918311367" in r.errors[0]
+    assert markers(tmp_path / "w1") == []
+    monkeypatch.setattr(fetch, "PUBLISHED", {})
+    r = prepare("wmt16", "--archive", wmt16_sources, "--work", tmp_path / "w2", "--no-binarize")
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+    assert "test.de has " in r.errors[0] and "(md5), published f6c3818b477e4a25cad68b61cc883c17" in r.errors[0]
+    assert markers(tmp_path / "w2") == ["extract", "fetch", "text"]
 
 
 # --- IWSLT15 En-Vi --------------------------------------------------------------------
@@ -810,11 +619,11 @@ def make_envi_dir(path, sizes=ENVI_FILES):
 
 
 @pytest.mark.slow
-def test_iwslt15_envi_folder(tmp_path):
+def test_iwslt15_envi_folder(tmp_path, prepare):
     src = make_envi_dir(tmp_path / "stanford")
     work, dest = tmp_path / "work", tmp_path / "bin"
-    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", work, "--dest", dest, "--bpe-size", 80,
-            "--no-binarize", "--skip-size-check")
+    r = prepare("iwslt15-envi", "--archive", src, "--work", work, "--dest", dest, "--bpe-size", 80, "--no-binarize",
+                "--skip-size-check")
     assert r.returncode == 0, r.stderr
     for split, name in (("train", "train"), ("valid", "tst2012"), ("test", "tst2013")):
         for lang in ("en", "vi"):
@@ -824,81 +633,58 @@ def test_iwslt15_envi_folder(tmp_path):
     assert len(lines(work / "bpe-learn" / "code")) == 81 and not dest.exists()
     assert sorted(lines(work / "fetch" / "sources.sha256")) == sorted(
         f"{sha(src / f)}  {f}" for f in ("train.en", "train.vi", "tst2012.en", "tst2012.vi", "tst2013.en", "tst2013.vi"))
-    # a file that differs from the checksum given for it is refused
-    sums = tmp_path / "SHA256SUMS"
-    sums.write_text("".join(f"{sha(src / f)}  {f}\n" for f in ("train.en", "tst2013.vi")))
-    (src / "tst2013.vi").write_text("x0000 khác .\n", encoding="utf-8")
-    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--sha256-file", sums, "--work", tmp_path / "w2",
-            "--bpe-size", 80, "--no-binarize")
-    assert r.returncode != 0 and "checksum mismatch" in r.stderr and "tst2013.vi" in r.stderr
-    assert markers(tmp_path / "w2") == []
 
 
-@pytest.mark.slow
-def test_iwslt15_envi_tarball_lowercase_words_and_bad_files(tmp_path):
+def test_iwslt15_envi_lowercase_line_breaks_and_bad_files(tmp_path, prepare):
     src = make_envi_dir(tmp_path / "stanford")
-    (src / "tst2012.en").write_text("x0000 a\rb\u2028c .\n" + "x0001 x .\n" * 5, encoding="utf-8")
-    archive = folder_tgz(tmp_path / "iwslt15.tgz", tmp_path / "stanford")
+    (src / "tst2012.en").write_text("x0000 A\rb\u2028c .\n" + "x0001 x .\n" * 5, encoding="utf-8")
     work = tmp_path / "work"
-    r = run("prepare-iwslt15-envi.sh", "--archive", archive, "--work", work, "--bpe", "none",
-            "--lowercase", "--no-binarize", "--skip-size-check")
+    r = prepare("iwslt15-envi", "--archive", src, "--work", work, "--bpe", "none", "--lowercase", "--no-binarize",
+                "--skip-size-check")
     assert r.returncode == 0, r.stderr
     assert lines(work / "text" / "train.vi") == [x.lower() for x in lines(src / "train.vi")]
     assert lines(work / "text" / "test.en") == [x.lower() for x in lines(src / "tst2013.en")]
     assert lines(work / "text" / "valid.en")[0] == "x0000 a b c ."  # no stray line breaks for fairseq
-    assert "train has 50 pairs, published 133317" in r.stderr
-    assert not (work / "bpe-learn").exists()
+    assert "train has 50 pairs, published 133317" in r.stderr and not (work / "bpe-learn").exists()
 
-    good = (src / "train.en").read_bytes()
-    (src / "train.en").write_text("<!DOCTYPE html><html><head></head><body>Moved</body></html>\n")
-    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "w2", "--no-binarize")
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1 and "train.en is an HTML page" in err[0], r.stderr
-    (src / "train.en").write_bytes(good)
+    (src / "train.vi").write_bytes("x0000 Hà Noi .\n".encode("latin-1"))
+    r = prepare("iwslt15-envi", "--archive", src, "--work", tmp_path / "w2", "--no-binarize")
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+    assert f"{src / 'train.vi'} is not UTF-8 text" in r.errors[0]
     (src / "tst2012.vi").unlink()
-    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "w3", "--no-binarize")
-    assert r.returncode != 0 and "tst2012.vi not found" in r.stderr
+    r = prepare("iwslt15-envi", "--archive", src, "--work", tmp_path / "w3", "--no-binarize")
+    assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+    assert f"{src / 'tst2012.vi'} is not a file" in r.errors[0]
 
 
 @pytest.mark.slow
-def test_iwslt15_envi_published_sizes_pass(tmp_path):
+def test_iwslt15_envi_published_sizes_pass(tmp_path, prepare):
     src = make_envi_dir(tmp_path / "stanford", {"train": 133317, "tst2012": 1553, "tst2013": 1268})
-    r = run("prepare-iwslt15-envi.sh", "--archive", src, "--work", tmp_path / "work", "--bpe", "none",
-            "--no-binarize")
+    r = prepare("iwslt15-envi", "--archive", src, "--work", tmp_path / "work", "--bpe", "none", "--no-binarize")
     assert r.returncode == 0, r.stderr
-    assert "sizes match the published ones: train 133317 pairs, valid 1553 pairs, test 1268 pairs" in r.stderr
+    assert "as published: train 133317 pairs, valid 1553 pairs, test 1268 pairs" in r.stderr
 
 
 # --- WMT14 (Shen et al.'s release): the golden test -----------------------------------
 
-WMT14_GOLDEN = REPO / "tests" / "fixtures" / "wmt14-golden"
-WMT14_SOURCES = ("training-parallel-europarl-v7.tgz", "training-parallel-commoncrawl.tgz",
-                 "training-parallel-nc-v12.tgz", "dev.tgz", "test-full.tgz")
+WMT14_GOLDEN = FIXTURES / "wmt14-golden"
 
 
 @pytest.fixture(scope="module")
-def wmt14_sources(tmp_path_factory):
-    """The five upstream archives, small, in their real layouts (the fixture's raw/
-    folders), and a sha256sum list of them."""
-    folder = tmp_path_factory.mktemp("wmt14") / "raw"
-    folder.mkdir()
-    for name in WMT14_SOURCES:
-        folder_tgz(folder / name, WMT14_GOLDEN / "raw" / name)
-    sums = folder.parent / "SHA256SUMS"
-    sums.write_text("".join(f"{sha(folder / n)}  {n}\n" for n in WMT14_SOURCES))
+def wmt14_sources(golden_sources):
+    folder = golden_sources("wmt14")
     # the very bytes the release's script was run on (tests/fixtures/wmt14-golden/README.md)
     assert sha(folder / "training-parallel-europarl-v7.tgz") == "fa8c8fb635dc48512b72935bee1abf92b8fef5a33a7105432c25399c81fb6b06"
     assert sha(folder / "test-full.tgz") == "95951802a402317cb577c063238b02ae6156fbf67707065b69afe7b443fb8a27"
-    return folder, sums
+    return folder
 
 
 @pytest.mark.slow
-def test_wmt14_golden_powernorm_script(tmp_path, wmt14_sources):
+def test_wmt14_golden_powernorm_script(tmp_path, wmt14_sources, prepare, unpublished):
     """Byte-identical to the release's prepare-wmt14en2de.sh (BPE_TOKENS=300) at every stage."""
-    src, sums = wmt14_sources
     work = tmp_path / "work"
-    r = run("prepare-wmt14.sh", "--archive", src, "--sha256-file", sums, "--work", work, "--bpe-size", 300,
-            "--no-binarize", "--skip-size-check")
+    r = prepare("wmt14", "--archive", wmt14_sources, "--work", work, "--bpe-size", 300, "--no-binarize",
+                "--skip-size-check")
     assert r.returncode == 0, r.stderr
     exp = WMT14_GOLDEN / "expected"
     for lang in ("en", "de"):
@@ -920,25 +706,11 @@ def test_wmt14_golden_powernorm_script(tmp_path, wmt14_sources):
 def test_wmt14_normalize_punctuation_is_bytewise_and_sees_the_newline():
     """normalize-punctuation.perl rewrites bytes, newline included: values from the perl
     script at mosesdecoder HEAD (see tests/fixtures/wmt14-golden/README.md)."""
-    de = pt.PunctNormalizer("de")
+    de = moses.PunctNormalizer("de")
     assert de("Er sagte: „gut.“\n") == 'Er sagte: "gut".\n'  # [^<] matches the newline
     assert de("Er sagte: „gut.“") == 'Er sagte: "gut."'  # a last line without one
     assert de("1\u00a0000 ( a ) , ‚x‘ ’y’ –—\r\n") == "1,000 (a), 'x' \"y\" - - \n"
-    assert pt.PunctNormalizer("en")("1\u00a0000 “q”, «\u00a0r\u00a0»\n") == '1.000 "q," "r"\n'
-    assert pt.remove_non_printing("a\u00adb\u200bc\td\ufeffe\ue000\n") == "a b c d e "
-    assert pt.MosesTokenizer("de", aggressive=True)("Hals-Nasen-Ohren-Arzt, 3-4, x--y, -a b-") == \
+    assert moses.PunctNormalizer("en")("1\u00a0000 “q”, «\u00a0r\u00a0»\n") == '1.000 "q," "r"\n'
+    assert moses.remove_non_printing("a\u00adb\u200bc\td\ufeffe\ue000\n") == "a b c d e "
+    assert moses.MosesTokenizer("de", aggressive=True)("Hals-Nasen-Ohren-Arzt, 3-4, x--y, -a b-") == \
         "Hals @-@ Nasen @-@ Ohren @-@ Arzt , 3 @-@ 4 , x--y , -a b-"
-
-
-@pytest.mark.parametrize("args,says", [
-    (["--archive", "FILE"], "--archive must be a folder holding the five upstream files"),
-    (["--sha256", "0" * 64], "--sha256-file"),
-    (["--bpe", "none"], "subword vocabulary"),
-])
-def test_wmt14_bad_options(tmp_path, args, says):
-    f = tmp_path / "x.tgz"
-    f.write_bytes(b"x")
-    r = run("prepare-wmt14.sh", *[str(f) if a == "FILE" else a for a in args], "--work", tmp_path / "w", "--no-binarize")
-    err = errors(r)
-    assert r.returncode != 0 and len(err) == 1 and says in err[0], r.stderr
-    assert not (tmp_path / "w").exists()  # nothing written

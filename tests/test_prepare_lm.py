@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-import prepare_corpus as corpus
-import prepare_text as pt
-from test_prepare import HAVE_FAIRSEQ, errors, lines, make_tgz, markers, outputs, run, run_killed_in, sha
-
-needs_fairseq = pytest.mark.skipif(not HAVE_FAIRSEQ, reason="fairseq-preprocess not installed next to python")
+import corpus_formats as formats
+from conftest import lines, make_tgz, markers, needs_fairseq, sha
+from textfiles import PrepareError
 
 # --- PTB: Mikolov's layout and line format (a space before and after every line's words) ---
 
@@ -91,12 +89,12 @@ def wikitext_counts():
             "vocabulary": len(train_types) + 1}
 
 
-# --- the text functions (prepare_corpus.py) ---------------------------------------------
+# --- the readers (corpus_formats.py) ------------------------------------------------------
 
 def test_lm_stats_counts_lines_tokens_and_vocabulary_as_fairseq_reads_text(tmp_path):
     (tmp_path / "train").write_bytes("a  b\ta\n \n\nc\u00a0d\r\nlast b".encode("utf-8"))
     (tmp_path / "valid").write_bytes(b"x y\rz\n")  # a lone \r ends a line for fairseq (universal newlines)
-    stats = corpus.lm_stats([("train", tmp_path / "train"), ("valid", tmp_path / "valid")])
+    stats = formats.lm_stats([("train", tmp_path / "train", "t"), ("valid", tmp_path / "valid", "v")])
     # train: 5 lines ("a b a", "", "", "c d", "last b"), 7 words; types a b c d last
     assert stats == {"train.lines": 5, "train.tokens": 7 + 5, "valid.lines": 2, "valid.tokens": 3 + 2,
                      "vocabulary": 5 + 1}
@@ -109,60 +107,27 @@ def test_extract_members_from_tar_and_zip(tmp_path):
                                   (zipped, "wikitext-103/wiki.test.tokens", WT_TEST)):
         out = tmp_path / archive.stem
         out.mkdir()
-        corpus.extract_members(archive, [(member, "valid")], out)
+        formats.extract_members(archive, [(member, "valid")], out)
         assert lines(out / "valid") == want and os.listdir(out) == ["valid"]
-    with pytest.raises(pt.PrepareError, match=r"ptb.tgz holds no simple-examples/data/ptb.train.tx\b"):
-        corpus.extract_members(tgz, [("simple-examples/data/ptb.train.tx", "x")], tmp_path)
-
-
-def test_check_kind_zip_reads_every_member(tmp_path):
-    good = make_wikitext_zip(tmp_path / "good.zip", stored=True)
-    assert corpus.check_kind(good, "zip") is None
-    data = good.read_bytes()
-    (tmp_path / "truncated.zip").write_bytes(data[: len(data) // 2])
-    assert "is corrupt or truncated" in corpus.check_kind(tmp_path / "truncated.zip", "zip")
-    flipped = bytearray(data)
-    flipped[data.index("Valkyria".encode())] ^= 0x20  # 'V' -> 'v' inside a stored member
-    (tmp_path / "flipped.zip").write_bytes(bytes(flipped))
-    assert corpus.check_kind(tmp_path / "flipped.zip", "zip") == \
-        "is corrupt or truncated (wikitext-103/wiki.train.tokens fails its CRC check)"
-    assert corpus.check_kind(make_ptb_archive(tmp_path / "ptb.tgz"), "zip") == "is a gzip file, not a zip archive"
-
-
-def test_check_kind_text_streams_and_names_the_bad_byte(tmp_path):
-    """Read in 4 MiB chunks (WikiText-103's train is 540 MB): a character cut by a chunk's
-    end is whole, and a bad byte is named by its place in the file."""
-    head = b"a" * ((1 << 22) - 1) + "€".encode()  # '€' (3 bytes) straddles the first chunk's end
-    for tail, want in ((b"ok\n", None), (b"b\xffc", f"is not UTF-8 text (byte {len(head) + 1})"),
-                       (b"\n\x00", "holds NUL bytes, not text")):
-        (tmp_path / "f").write_bytes(head + tail)
-        assert corpus.check_kind(tmp_path / "f", "text") == want
-    (tmp_path / "f").write_bytes(head[:-1])  # cut inside the last character
-    assert corpus.check_kind(tmp_path / "f", "text") == f"is not UTF-8 text (byte {len(head) - 3})"
+    with pytest.raises(PrepareError, match=r"ptb.tgz holds no simple-examples/data/ptb.train.tx\b"):
+        formats.extract_members(tgz, [("simple-examples/data/ptb.train.tx", "x")], tmp_path)
 
 
 # --- the scripts: options, sizes, bad archives ---------------------------------------------
 
-@pytest.mark.parametrize("script,mirror", [("prepare-ptb.sh", "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"),
-                                           ("prepare-wikitext103.sh", "https://wikitext.smerity.com/wikitext-103-v1.zip")])
-def test_lm_help_and_unknown_options(tmp_path, script, mirror):
-    r = run(script, "--help")
-    assert r.returncode == 0 and mirror in r.stdout and "--skip-size-check" in r.stdout
-    assert "--bpe" not in r.stdout  # word-level corpora: no subword options
-    for bad in (("--bpe", "none"), ("--bpe-size", "10"), ("--lowercase",)):
-        r = run(script, *bad, "--work", tmp_path / "w")
-        err = errors(r)
-        assert r.returncode != 0 and len(err) == 1, r.stderr
-        assert f"unknown option '{bad[0]}'; the options are: --archive --url --sha256 --sha256-file --work " \
-               "--dest --skip-size-check --workers --no-binarize --force --help" in err[0]
+def test_lm_corpora_take_no_subword_options(tmp_path, prepare):
+    for dataset in ("ptb", "wikitext103"):
+        r = prepare(dataset, "--bpe", "none", "--work", tmp_path / "w")
+        assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+        assert "--bpe" in r.errors[0] and "--archive --work" in r.errors[0]  # the options it takes
         assert not (tmp_path / "w").exists()
 
 
-def test_ptb_sizes_enforced_with_both_figures(tmp_path):
+def test_ptb_sizes_enforced_with_both_figures(tmp_path, prepare, unpublished):
     archive = make_ptb_archive(tmp_path / "ptb-small.tgz")
     work = tmp_path / "work"
-    r = run("prepare-ptb.sh", "--archive", archive, "--work", work, "--dest", tmp_path / "bin")
-    err = errors(r)
+    r = prepare("ptb", "--archive", archive, "--work", work, "--dest", tmp_path / "bin", "--no-binarize")
+    err = r.errors
     assert r.returncode != 0 and len(err) == 1, r.stderr
     for figure in ("train has 5 lines, published 42068", "train has 32 tokens, published 929589",
                    "valid has 2 lines, published 3370", "valid has 11 tokens, published 73760",
@@ -174,11 +139,11 @@ def test_ptb_sizes_enforced_with_both_figures(tmp_path):
     # the text is each member as released, and its counts
     for split, want in zip(PTB_MEMBERS, (PTB_TRAIN, PTB_VALID, PTB_TEST)):
         assert lines(work / "text" / split) == want
-    assert corpus.read_stats(work / "text" / "stats") == PTB_COUNTS
+    assert json.loads((work / "text" / "stats.json").read_text()) == PTB_COUNTS
 
 
 @pytest.mark.slow
-def test_ptb_published_sizes_pass(tmp_path):
+def test_ptb_published_sizes_pass(tmp_path, prepare, unpublished):
     """A corpus of exactly the published sizes passes: tokens count one end of sentence a
     line, the vocabulary counts the end of sentence (887,521 words, 9,999 types in train)."""
     vocab = [f"w{i}" for i in range(9998)] + ["<unk>"]
@@ -191,63 +156,66 @@ def test_ptb_published_sizes_pass(tmp_path):
 
     archive = make_ptb_archive(tmp_path / "ptb-full.tgz", train=corpus(42068, 887521), valid=corpus(3370, 70390),
                                test=corpus(3761, 78669))
-    r = run("prepare-ptb.sh", "--archive", archive, "--work", tmp_path / "work", "--no-binarize")
+    r = prepare("ptb", "--archive", archive, "--work", tmp_path / "work", "--no-binarize")
     assert r.returncode == 0, r.stderr
-    assert ("sizes match the published ones: train 42068 lines, train 929589 tokens, valid 3370 lines, "
+    assert ("as published: train 42068 lines, train 929589 tokens, valid 3370 lines, "
             "valid 73760 tokens, test 3761 lines, test 82430 tokens, "
             "train 10000 words in its vocabulary (with the end of sentence)") in r.stderr
 
 
 def ptb_bad_cases(tmp_path):
     good = make_ptb_archive(tmp_path / "good.tgz").read_bytes()
-    return {  # name: (content, what the one ERROR line says, markers left)
-        "truncated.tgz": (good[: len(good) // 2], "is corrupt or truncated", []),
-        "page.tgz": (b"<!DOCTYPE html><html><head><title>403 Forbidden</title></head></html>\n",
-                     "is an HTML page", []),
-        "zipped.tgz": (make_wikitext_zip(tmp_path / "z.zip").read_bytes(), "is a zip archive, not a gzip archive", []),
-        "no-valid.tgz": (make_ptb_archive(tmp_path / "nv.tgz", drop="valid").read_bytes(),
-                         "holds no simple-examples/data/ptb.valid.txt", ["fetch"]),
+    return {  # name: (content, what the one ERROR line says)
+        "truncated.tgz": (good[: len(good) // 2], "cannot read"),
+        "page.tgz": (b"<!DOCTYPE html><html><head><title>403 Forbidden</title></head></html>\n", "cannot read"),
+        "zipped.tgz": (make_wikitext_zip(tmp_path / "z.zip").read_bytes(), "holds no simple-examples/data/ptb.train.txt"),
         "latin1.tgz": (make_tgz(tmp_path / "l1.tgz", {**ptb_files(), "./simple-examples/data/ptb.test.txt":
                                                        " caf\xe9 \n".encode("latin-1")}).read_bytes(),
-                       ("simple-examples/data/ptb.test.txt in", "latin1.tgz is not UTF-8 text (byte 4)"), ["fetch"]),
-        # under the real name, the published md5 (PaddlePaddle) is enforced
-        "simple-examples.tgz": (good, "md5 " + hashlib.md5(good).hexdigest()
-                                + ", expected 30177ea32e27c525793142b6bf2c8e2d (the published checksum", []),
+                       "simple-examples/data/ptb.test.txt in"),
     }
 
 
 def wikitext_bad_cases(tmp_path):
     good = make_wikitext_zip(tmp_path / "good.zip", stored=True).read_bytes()
     flipped = bytearray(good)
-    flipped[good.index("Valkyria".encode())] ^= 0x20
+    flipped[good.index("Valkyria".encode())] ^= 0x20  # 'V' -> 'v' inside a stored member
     return {
-        "truncated.zip": (good[:-100], "is corrupt or truncated", []),
-        "crc.zip": (bytes(flipped), "wiki.train.tokens fails its CRC check", []),
-        "tarred.zip": (make_ptb_archive(tmp_path / "p.tgz").read_bytes(), "is a gzip file, not a zip archive", []),
+        "truncated.zip": (good[:-100], "cannot read"),
+        "crc.zip": (bytes(flipped), "Bad CRC-32 for file 'wikitext-103/wiki.train.tokens'"),
         "no-test.zip": (make_wikitext_zip(tmp_path / "nt.zip", drop="test").read_bytes(),
-                        "holds no wikitext-103/wiki.test.tokens", ["fetch"]),
-        # under the real name, the published size and sha256 (Hugging Face) are enforced
-        "wikitext-103-v1.zip": (good, f"has {len(good)} bytes, the published wikitext-103-v1.zip has 190229076 bytes", []),
+                        "holds no wikitext-103/wiki.test.tokens"),
     }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script,cases", [("prepare-ptb.sh", ptb_bad_cases), ("prepare-wikitext103.sh", wikitext_bad_cases)])
-def test_lm_bad_archives(tmp_path, script, cases):
-    """Each stops with one ERROR line naming the file and what is wrong, and leaves no
-    step output: no text, nothing binarized."""
-    for name, (content, says, left) in cases(tmp_path).items():
+@pytest.mark.parametrize("dataset,cases", [("ptb", ptb_bad_cases), ("wikitext103", wikitext_bad_cases)])
+def test_lm_bad_archives(tmp_path, prepare, unpublished, dataset, cases):
+    """Each stops with one ERROR line naming the file and what is wrong, and leaves no text
+    and nothing binarized."""
+    for name, (content, says) in cases(tmp_path).items():
         folder = tmp_path / name.replace(".", "-")
         folder.mkdir()
         bad, work = folder / name, folder / "work"
         bad.write_bytes(content)
-        r = run(script, "--archive", bad, "--work", work, "--dest", folder / "bin", "--skip-size-check")
-        err = errors(r)
-        assert r.returncode != 0 and len(err) == 1 and name in err[0], (name, r.stderr)
-        for part in (says,) if isinstance(says, str) else says:
-            assert part in err[0], (name, part, err[0])
-        assert markers(work) == left, name
-        assert not (work / "text").exists() and not (folder / "bin").exists(), name
+        r = prepare(dataset, "--archive", bad, "--work", work, "--dest", folder / "bin", "--skip-size-check",
+                    "--no-binarize")
+        assert r.returncode != 0 and len(r.errors) == 1 and str(bad) in r.errors[0], (name, r.stderr)
+        assert says in r.errors[0], (name, r.errors[0])
+        assert markers(work) == ["fetch"], name
+
+
+def test_lm_published_checksums_enforced(tmp_path, prepare):
+    """Under any name, an --archive copy must have the published size and checksum: PTB's md5 (PaddlePaddle),
+    WikiText-103's size (Hugging Face)."""
+    ptb = make_ptb_archive(tmp_path / "ptb.tgz")
+    wikitext = make_wikitext_zip(tmp_path / "wt.zip")
+    for dataset, archive, says in (("ptb", ptb, f"has md5 {hashlib.md5(ptb.read_bytes()).hexdigest()}, not the "
+                                                "published 30177ea32e27c525793142b6bf2c8e2d"),
+                                   ("wikitext103", wikitext, f"has {wikitext.stat().st_size} bytes, not the "
+                                                             "published 190229076")):
+        r = prepare(dataset, "--archive", archive, "--work", tmp_path / dataset, "--no-binarize")
+        assert r.returncode != 0 and len(r.errors) == 1, r.stderr
+        assert f"{archive} {says}" in r.errors[0], r.errors[0]
+        assert markers(tmp_path / dataset) == []
 
 
 # --- the whole run: binarized, loaded with fairseq, re-run, resumed -------------------------
@@ -286,11 +254,11 @@ def check_binarized(dest, text, counts, dataset):
 
 @pytest.mark.slow
 @needs_fairseq
-def test_ptb_binarized_then_rerun_is_a_no_op(tmp_path):
+def test_ptb_binarized_then_rerun_is_a_no_op(tmp_path, prepare, unpublished):
     archive = make_ptb_archive(tmp_path / "ptb-small.tgz")
     work, dest = tmp_path / "work", tmp_path / "bin"
     args = ("--archive", archive, "--work", work, "--dest", dest, "--skip-size-check")
-    r = run("prepare-ptb.sh", *args)
+    r = prepare("ptb", *args)
     assert r.returncode == 0, r.stderr
     info = check_binarized(dest, work / "text", PTB_COUNTS, "ptb")
     assert info["dictionary_size"] == 24  # 4 specials, the 15 words other than <unk>, 5 padding
@@ -302,7 +270,7 @@ def test_ptb_binarized_then_rerun_is_a_no_op(tmp_path):
     assert markers(work, dest) == ["binarize", "fetch", "text"]
     before = {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list(work.iterdir())}
 
-    r = run("prepare-ptb.sh", *args)
+    r = prepare("ptb", *args)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("done before, skipping") == 3 and "running" not in r.stderr, r.stderr
     assert {p.name: p.stat().st_mtime_ns for p in list(dest.iterdir()) + list(work.iterdir())} == before
@@ -310,33 +278,15 @@ def test_ptb_binarized_then_rerun_is_a_no_op(tmp_path):
 
 @pytest.mark.slow
 @needs_fairseq
-def test_wikitext103_binarized(tmp_path):
+def test_wikitext103_binarized(tmp_path, prepare, unpublished):
     archive = make_wikitext_zip(tmp_path / "wt103-small.zip")
     work, dest = tmp_path / "work", tmp_path / "bin"
-    r = run("prepare-wikitext103.sh", "--archive", archive, "--work", work, "--dest", dest, "--skip-size-check")
+    r = prepare("wikitext103", "--archive", archive, "--work", work, "--dest", dest, "--skip-size-check")
     assert r.returncode == 0, r.stderr
     counts = wikitext_counts()
-    assert corpus.read_stats(work / "text" / "stats") == counts
+    assert json.loads((work / "text" / "stats.json").read_text()) == counts
     for split, want in zip(PTB_MEMBERS, (WT_TRAIN, WT_VALID, WT_TEST)):
         assert lines(work / "text" / split) == want  # as released: titles, blank lines, @-@
     info = check_binarized(dest, work / "text", counts, "wikitext-103")
     assert info["sources"] == {"wt103-small.zip": sha(archive)}
     assert "1801350" in info["size_check"] and "103227021" in info["size_check"] and "267735" in info["size_check"]
-
-
-@pytest.mark.slow
-def test_wikitext103_killed_mid_step_then_rerun(tmp_path):
-    """SIGKILL inside the text step: nothing marked done past fetch, and the re-run's output
-    is byte-identical to that of a run never interrupted. The training text is 5,000 times
-    the small one (about 9 MB), so that the step runs long enough for the kill to land in it."""
-    archive = make_wikitext_zip(tmp_path / "wt103-small.zip", train=WT_TRAIN * 5000)
-    args = ("--archive", archive, "--no-binarize", "--skip-size-check")
-    whole, work = tmp_path / "whole", tmp_path / "work"
-    assert run("prepare-wikitext103.sh", *args, "--work", whole).returncode == 0
-    run_killed_in("text", "prepare-wikitext103.sh", *args, "--work", work)
-    assert markers(work) == ["fetch"] and not (work / "text").exists()
-    r = run("prepare-wikitext103.sh", *args, "--work", work)
-    assert r.returncode == 0, r.stderr
-    assert "step fetch: done before, skipping" in r.stderr and "step text: running" in r.stderr
-    assert not list(work.glob("*.tmp")) and markers(work) == markers(whole) == ["fetch", "text"]
-    assert outputs(work) == outputs(whole)

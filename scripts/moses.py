@@ -1,8 +1,7 @@
 """Line-for-line ports of mosesdecoder's perl scripts (tokenizer.perl, normalize-punctuation.perl,
 remove-non-printing-char.perl, clean-corpus-n.perl, lowercase.perl), so that no perl or mosesdecoder checkout is
-needed, and the file helpers of the text steps. Where a Python library and the perl script disagree, the perl script
-wins: tests/test_prepare.py requires our output to be byte-identical to the upstream scripts'
-(tests/fixtures/*-golden/).
+needed. Where a Python library and the perl script disagree, the perl script wins: tests/test_prepare.py requires our
+output to be byte-identical to the upstream scripts' (tests/fixtures/*-golden/).
 """
 import itertools
 import os
@@ -11,58 +10,7 @@ import sys
 
 import regex  # perl's Unicode character classes (a fairseq dependency, in requirements.txt)
 
-
-class PrepareError(Exception):
-    """A bad input or option, explained in one line (scripts/prepare.py prints it as ERROR)."""
-
-
-def iter_lines(path):
-    """Lines split on "\\n" only, as perl, sed and awk read them (streamed: the WMT16 training text is 4.5M lines a
-    side)."""
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for line in f:
-            yield line[:-1] if line.endswith("\n") else line
-
-
-def read_lines(path):
-    return list(iter_lines(path))
-
-
-def chunks(lines, size):
-    it = iter(lines)
-    while batch := list(itertools.islice(it, size)):
-        yield batch
-
-
-def write_lines(path, lines):
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line + "\n")
-
-
-def parallel(func, jobs, workers):
-    """func over an iterable of jobs (each returning a list), results in order."""
-    if workers <= 1:
-        for job in jobs:
-            yield from func(job)
-        return
-    import multiprocessing as mp
-
-    with mp.get_context("fork").Pool(workers) as pool:
-        for part in pool.imap(func, jobs):
-            yield from part
-
-
-def count_lines(path):
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
-
-
-def check_aligned(*paths):
-    counts = [count_lines(p) for p in paths]
-    if len(set(counts)) != 1:
-        raise PrepareError("files are not line-aligned: "
-                           + ", ".join(f"{p} has {c} lines" for p, c in zip(paths, counts)))
+from textfiles import PrepareError, check_aligned, chunks, count_lines, iter_lines, parallel, write_lines
 
 
 # --- mosesdecoder scripts/tokenizer/tokenizer.perl --------------------------------------
@@ -141,10 +89,8 @@ class MosesTokenizer:
         if lang in ("fi", "sv", "ca", "tdt", "fr", "it", "ga", "so"):
             raise PrepareError(f"tokenize: language '{lang}' has rules this port does not carry")
         if moses not in MOSES_VERSIONS:
-            raise PrepareError(f"tokenize: --moses must be one of {MOSES_VERSIONS}")
-        self.lang = lang
-        self.aggressive = aggressive
-        self.final_dot = moses == "current"
+            raise PrepareError(f"tokenize: moses must be one of {MOSES_VERSIONS}, got {moses!r}")
+        self.lang, self.aggressive, self.final_dot = lang, aggressive, moses == "current"
         self.prefixes = _nonbreaking_prefixes(lang, moses)
 
     def __call__(self, line):
