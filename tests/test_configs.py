@@ -226,7 +226,7 @@ DATA_OF = {
 def test_data_is_what_the_prepare_script_makes_by_default(path):
     """Path, languages, the BPE to remove and the casing of scripts/prepare-*.sh's defaults; a
     language model's words as prepared, with no BPE to remove."""
-    from prepare_steps import BPE, REMOVE_BPE
+    from steps import BPE, REMOVE_BPE
 
     r = _recipe(path)
     script, src, tgt = DATA_OF[r.dataset]
