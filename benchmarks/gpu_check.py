@@ -5,21 +5,23 @@ a GPU: the estimates below are reasoned, not measured; the last line gives each 
 1. ``--verify`` (benchmarks/gpu_verify.py): every fused norm, Triton against its torch path and
    a float64 reference, fp32/fp16/bf16, five shapes, three paddings, a non-contiguous input,
    running buffers, padding rows, two runs bitwise, three compiled steps against eager.
-   Estimated 2.5–4 minutes on an H100, mostly compiling: about 300 Triton specialisations
-   (kernel × dtype × block shape) and one inductor graph per norm configuration.
+   About 430 cases; estimated 2–3 minutes on an H100, mostly compiling: about 250 Triton
+   specialisations (kernel × dtype × block shape, ~0.2 s each) and 9 inductor graphs.
 2. ``--speed`` (benchmarks/gpu_speed.py): forward+backward with triton.testing.do_bench at
    (N, C) = (4096, 512), (8192, 1024), (32768, 1024), (8192, 4096) in fp16 and bf16: torch eager,
    torch compiled and Triton, as ratios to nn.LayerNorm, with GB/s and peak memory. Estimated
-   2–3.5 minutes: 224 medians of about 0.3 s and 18 dynamic-shape inductor graphs.
+   2–3 minutes: 232 medians of about 0.2 s and about 20 dynamic-shape inductor graphs.
 3. ``--train``: words/s of fairseq's ``--fp16`` trainer against the stock model of the same
    shape and Post/Pre-Norm, on a synthetic corpus at max tokens 4096: by default the kinds of
    the 0.95× target (bn, rbn, pn) in the translation family, ``--updates`` (40) updates each,
-   each plugin model once per ``--impls`` (torch, triton). Estimated 1.5–2 minutes (16 runs of
-   a few seconds). ``--kinds all --families translation,lm --fp32-updates 30 --updates 100``
-   gives the full table of every architecture (about 10 minutes: raise ``--budget``).
+   each plugin model once per ``--impls`` (torch, triton). Estimated 1.5–2.5 minutes: the
+   synthetic corpus (15–30 s) and 16 runs of a few seconds. The full table of every architecture,
+   ``--train --kinds all --families translation,lm --updates 100 --fp32-updates 30
+   --lm-updates 50 --lm-fp32-updates 20``, was estimated at 7–9 minutes per implementation on an
+   H200 (never timed whole): give it a ``--budget`` to match.
 
 With no part named, all three run. ``--budget`` seconds (450) bound the run: each part has a
-deadline (verify 45%, speed 80%, train 100% of it, shares of the parts chosen), after which it
+deadline (verify 40%, speed 75%, train 100% of it, shares of the parts chosen), after which it
 skips what is left with a line saying so; gpu_check.sh kills the run 30 s after the budget.
 Rows print as they are measured; then one line per fused norm:
 
@@ -49,7 +51,7 @@ import gpu_speed
 import gpu_verify
 import norms
 
-PARTS = {"verify": 0.45, "speed": 0.35, "train": 0.20}  # each part's share of --budget
+PARTS = {"verify": 0.40, "speed": 0.35, "train": 0.25}  # each part's share of --budget
 
 # the training recipe's flags that differ by family: IWSLT's dropout (the language models'
 # architectures set their reference's)
@@ -221,7 +223,8 @@ def main(argv=None):
             print("| part | name | value | ratio | check |\n|---|---|---|---|---|", flush=True)
         if "speed" in parts:
             part_start = time.monotonic()
-            speeds = gpu_speed.speed(args.device, lambda row: emit(rows, row), args.smoke, deadline["speed"], checked)
+            speeds = gpu_speed.speed(args.device, lambda row: emit(rows, row), args.smoke, deadline["speed"],
+                                     checked)
             seconds["speed"] = time.monotonic() - part_start
         if "train" in parts:
             train_part(args, chosen, kinds, impls, skipped, rows, seconds, deadline["train"])
@@ -261,7 +264,8 @@ def report(rows, seconds, verdicts, speeds, checked, elapsed):
         ratio = ratios.get(norm)
         print(verdict.line("n/a" if ratio is None else "failed" if math.isinf(ratio) else f"{ratio:.2f}"),
               flush=True)
-    print(f"{len(rows)} rows in {elapsed:.0f} s (" + ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items()) + ")")
+    times = ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items())
+    print(f"{len(rows)} rows in {elapsed:.0f} s ({times})")
     bad = [row[1] for row in rows if row[4] == "NaN/inf"]
     failed = [f"{row[0]} {row[1]}" for row in rows if row[2] == "failed"]
     if bad:

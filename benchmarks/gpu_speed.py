@@ -69,7 +69,8 @@ def speed(device, emit, smoke=False, deadline=float("inf"), norms_checked=None):
             ln = create_norm("layer", C).to(device, dtype)
             base, peak = _time(ln, ln, x, g, pad)
             sizes += 1
-            emit((part, "nn.LayerNorm", f"{base * 1e3:.1f} us", "1.00 × LN", f"{gbytes / base * 1e3:,.0f} GB/s, {peak:.0f} MiB"))
+            emit((part, "nn.LayerNorm", f"{base * 1e3:.1f} us", "1.00 × LN",
+                  f"{gbytes / base * 1e3:,.0f} GB/s, {peak:.0f} MiB"))
             for name, opts in (c for c in CONFIGS if norms_checked is None or c[0] in norms_checked):
                 label, ms = config_label(name, opts), {}
                 for impl, compiled in CANDIDATES:
@@ -85,6 +86,6 @@ def speed(device, emit, smoke=False, deadline=float("inf"), norms_checked=None):
                     emit((part, row, f"{t * 1e3:.1f} us", f"{t / base:.2f} × LN",
                           f"{gbytes / t * 1e3:,.0f} GB/s, {peak:.0f} MiB"))
                 if ("torch", False) in ms:
-                    ratio = ms["triton", False] / ms["torch", False] if ("triton", False) in ms else float("inf")
-                    worst[name] = max(worst.get(name, 0.0), ratio)
+                    triton = ms.get(("triton", False), float("inf"))  # inf: the Triton candidate failed
+                    worst[name] = max(worst.get(name, 0.0), triton / ms["torch", False])
     return worst, sizes

@@ -66,7 +66,8 @@ class Verdict:
     def summary(self):
         if not self.finished and not self.cases:
             return "not verified"
-        text = ("" if self.finished else "unfinished; ") + f"worst={self.worst:.2g} of tolerance" + (f" at {self.where}" if self.where else "")
+        text = ("" if self.finished else "unfinished; ") + f"worst={self.worst:.2g} of tolerance"
+        text += f" at {self.where}" if self.where else ""
         if self.skipped:
             text += f"; {self.skipped} cases not run (deadline)"
         if self.failures:
@@ -192,7 +193,8 @@ def check_case(verdict, name, opts, case, dtype, device, seed):
     torch_norm, triton_norm = build_pair(name, opts, case.xs[0].shape[-1], dtype, device, seed)
     twin = build_pair(name, opts, case.xs[0].shape[-1], dtype, device, seed)[1]
     batch_stat = name in ("batch", "power")
-    state = {n: b.detach().double() if b.is_floating_point() else int(b) for n, b in torch_norm.named_buffers()}
+    state = {n: b.detach().double() if b.is_floating_point() else int(b)
+             for n, b in torch_norm.named_buffers()}
     for step, (x, gy) in enumerate(zip(case.xs, case.gys), start=1):
         where = f"{case.label}" + (f" step {step}" if batch_stat else "")
         for norm in (torch_norm, triton_norm, twin):
@@ -206,10 +208,11 @@ def check_case(verdict, name, opts, case, dtype, device, seed):
             verdict.gap(value, exact[key], tol, f"{where}: {key} vs float64")
             verdict.gap(want[key], exact[key], tol, f"{where}: {key} of the torch path vs float64")
             verdict.exact(again[key], value, f"{where}: {key} of a second run")
-            if batch_stat and key != "dweight" and key != "dbias":
-                verdict.exact(value[case.pad.t()], torch.zeros_like(value[case.pad.t()]), f"{where}: {key} at padding")
-        for (bname, b), (_, b_torch), (_, b_twin) in zip(triton_norm.named_buffers(), torch_norm.named_buffers(),
-                                                         twin.named_buffers()):
+            if batch_stat and key not in ("dweight", "dbias"):
+                at_pad = value[case.pad.t()]
+                verdict.exact(at_pad, torch.zeros_like(at_pad), f"{where}: {key} at padding")
+        buffers = zip(triton_norm.named_buffers(), torch_norm.named_buffers(), twin.named_buffers())
+        for (bname, b), (_, b_torch), (_, b_twin) in buffers:
             verdict.exact(b_twin, b, f"{where}: {bname} of a second run")
             if b.is_floating_point():
                 verdict.gap(b, b_torch, BUFFER_TOLERANCE, f"{where}: {bname} vs torch")
@@ -218,7 +221,7 @@ def check_case(verdict, name, opts, case, dtype, device, seed):
             else:
                 verdict.exact(b, b_torch, f"{where}: {bname} vs torch")
                 if bname == "num_batches_tracked":
-                    verdict.exact(b, torch.tensor(state[bname], device=b.device), f"{where}: {bname} vs count")
+                    verdict.exact(b, torch.tensor(state[bname], device=b.device), f"{where}: {bname} vs steps")
     if batch_stat:  # inference with the population statistics
         with torch.no_grad():
             x = case.xs[-1]
@@ -231,7 +234,7 @@ def check_case(verdict, name, opts, case, dtype, device, seed):
 
 def check_compiled(verdict, name, opts, case, dtype, device, backend):
     """Three steps of torch.compile(fullgraph=True) of the Triton module against eager."""
-    eager, compiled = (build_pair(name, opts, case.xs[0].shape[-1], dtype, device, seed=7)[1] for _ in range(2))
+    eager, compiled = (build_pair(name, opts, case.xs[0].shape[-1], dtype, device, 7)[1] for _ in range(2))
     torch._dynamo.reset()
     call = torch.compile(compiled, fullgraph=True, dynamic=False, backend=backend)
     try:
@@ -257,10 +260,10 @@ def verify(device, smoke=False, deadline=float("inf"), norms=None, dtypes=DTYPES
     for name in norms or NORMS:
         verdict = verdicts[name] = Verdict(name)
         start = time.monotonic()
-        for i, (cname, opts) in enumerate(c for c in CONFIGS if c[0] == name):
+        for cname, opts in (c for c in CONFIGS if c[0] == name):
             mode = f"detach={opts['detach']} " if opts else ""
             plan = [(dtype, shape, padding, True) for dtype in dtypes for shape in shapes for padding in PADDINGS]
-            plan += [(dtype, shapes[0], "lengths", False) for dtype in dtypes]
+            plan += [(dtype, shapes[0], "lengths", False) for dtype in dtypes]  # non-contiguous
             for seed, (dtype, shape, padding, contiguous) in enumerate(plan):
                 if time.monotonic() > deadline:
                     verdict.skipped += 1
@@ -276,7 +279,8 @@ def verify(device, smoke=False, deadline=float("inf"), norms=None, dtypes=DTYPES
                 verdict.skipped += 1
                 continue
             case = make_case(shapes[0], torch.float16, "lengths", device, 99, STEPS)
-            check_compiled(verdict, cname, opts, case._replace(label=mode + case.label), torch.float16, device, backend)
+            case = case._replace(label=mode + case.label)
+            check_compiled(verdict, cname, opts, case, torch.float16, device, backend)
         verdict.finished = True
         emit(f"verify {name}: {verdict.cases} cases in {time.monotonic() - start:.0f} s, "
              f"correct={'yes' if verdict.correct else 'no'}, {verdict.summary()}")
