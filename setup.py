@@ -22,8 +22,9 @@ setup(
     python_requires=">=3.8",
     packages=find_packages(include=["normplug", "normplug.*"]),
     # what the plugin and its tools import; the recipes' and data scripts' packages
-    # are in requirements.txt. matplotlib only draws normplug-tid --plot.
-    install_requires=["torch>=2.0"],
+    # are in requirements.txt. matplotlib only draws normplug-tid --plot. torch 2.4 brought
+    # torch.library.custom_op, which wraps the fused kernels (norms/triton_token.py).
+    install_requires=["torch>=2.4"],
     extras_require={"fairseq": [FAIRSEQ], "plot": ["matplotlib"], "test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": [

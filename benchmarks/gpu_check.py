@@ -1,36 +1,40 @@
-"""The GPU check: one table, estimated at 7–9 minutes on one H200 with one implementation of
-the fused norms (``--impls triton``), the language models about 1 of them; the default, torch
-and triton, trains each plugin model twice (not yet timed whole: the last line gives each
-part's time). Split it with --impls, --families, --skip-norms, --kinds and --fp32-updates 0
-where one call must be shorter.
+"""The GPU check: one run on one GPU that says whether each fused Triton norm is correct and
+faster than its torch path, and how training compares with stock fairseq. It has never run on
+a GPU: the estimates below are reasoned, not measured; the last line gives each part's time.
 
-1. The norm benchmark (benchmarks/norms.py) in float32 and float16, eager and compiled, each
-   fused norm in its torch and its Triton implementation (``--impls``), as ratios to eager
-   nn.LayerNorm.
-2. For each family of benchmarks/families.py (``--families``): every architecture and the
-   stock fairseq model it is compared with trains with fairseq's ``--fp16`` trainer (loss
-   scaling, float32 master weights), then in float32, on the family's synthetic corpus at
-   max tokens 4096: every logged loss and the final parameters finite, and words/s against
-   the stock model of the same shape, Pre/Post-Norm and precision. Each plugin model trains
-   once per ``--impls`` (``--norm-impl torch``, then ``--norm-impl triton``: rows "… triton"),
-   which doubles this part; ``--impls triton`` times the fused kernels alone.
+1. ``--verify`` (benchmarks/gpu_verify.py): every fused norm, Triton against its torch path and
+   a float64 reference, fp32/fp16/bf16, five shapes, three paddings, a non-contiguous input,
+   running buffers, padding rows, two runs bitwise, three compiled steps against eager.
+   About 430 cases; estimated 2–3 minutes on an H100, mostly compiling: about 250 Triton
+   specialisations (kernel × dtype × block shape, ~0.2 s each) and 9 inductor graphs.
+2. ``--speed`` (benchmarks/gpu_speed.py): forward+backward with triton.testing.do_bench at
+   (N, C) = (4096, 512), (8192, 1024), (32768, 1024), (8192, 4096) in fp16 and bf16: torch eager,
+   torch compiled and Triton, as ratios to nn.LayerNorm, with GB/s and peak memory. Estimated
+   2–3 minutes: 232 medians of about 0.2 s and about 20 dynamic-shape inductor graphs.
+3. ``--train``: words/s of fairseq's ``--fp16`` trainer against the stock model of the same
+   shape and Post/Pre-Norm, on a synthetic corpus at max tokens 4096: by default the kinds of
+   the 0.95× target (bn, rbn, pn) in the translation family, ``--updates`` (40) updates each,
+   each plugin model once per ``--impls`` (torch, triton). Estimated 1.5–2.5 minutes: the
+   synthetic corpus (15–30 s) and 16 runs of a few seconds. The full table of every architecture,
+   ``--train --kinds all --families translation,lm --updates 100 --fp32-updates 30
+   --lm-updates 50 --lm-fp32-updates 20``, was estimated at 7–9 minutes per implementation on an
+   H200 (never timed whole): give it a ``--budget`` to match.
 
-   * ``translation``: ``--updates`` (100) and ``--fp32-updates`` (30) updates of every
-     ``transformer_iwslt_de_en_*`` architecture and of fairseq's ``transformer_iwslt_de_en``
-     (Post- and Pre-Norm) at the IWSLT dimensions, dropout 0.3.
-   * ``lm``: ``--lm-updates`` (50) and ``--lm-fp32-updates`` (20) updates of every
-     ``transformer_lm_ptb_*`` and ``transformer_lm_wt103_*`` architecture and of fairseq's
-     ``transformer_lm`` of each shape, at the published sizes (3 or 6 layers, d_model 256,
-     d_inner 2100). These models are small, so fewer updates keep the part to about a
-     minute, most of it building each model and trainer.
+With no part named, all three run. ``--budget`` seconds (450) bound the run: each part has a
+deadline (verify 40%, speed 75%, train 100% of it, shares of the parts chosen), after which it
+skips what is left with a line saying so; gpu_check.sh kills the run 30 s after the budget.
+Rows print as they are measured; then one line per fused norm:
 
-Each row is printed as soon as it is measured, so a run cut short keeps what it measured.
+    VERDICT <norm> correct=yes|no worst=<largest gap, as a fraction of its tolerance> speed=<ratio>
 
-    benchmarks/gpu_check.sh                  # on a CUDA machine with torch and fairseq
-    benchmarks/gpu_check.sh --families lm --skip-norms   # the language models only
-    benchmarks/gpu_check.sh --smoke          # a few tiny updates on any device (checks the script)
+speed is the largest Triton ÷ torch-eager time of that norm over the sizes timed (below 1:
+Triton faster). ``--smoke`` shrinks every part so that it runs on the CPU: under
+TRITON_INTERPRET=1 the verify part runs the kernels in Triton's interpreter; the speed part
+says n/a.
 
-On the CPU (``--smoke``) the Triton implementation is skipped with a line saying so.
+    benchmarks/gpu_check.sh                     # on a CUDA machine: all three parts
+    benchmarks/gpu_check.sh --verify            # correctness only, the whole budget
+    TRITON_INTERPRET=1 benchmarks/gpu_check.sh --smoke --verify   # the script itself, on the CPU
 """
 import argparse
 import math
@@ -43,7 +47,11 @@ from pathlib import Path
 import torch
 
 import families  # benchmarks/, this script's folder
+import gpu_speed
+import gpu_verify
 import norms
+
+PARTS = {"verify": 0.40, "speed": 0.35, "train": 0.25}  # each part's share of --budget
 
 # the training recipe's flags that differ by family: IWSLT's dropout (the language models'
 # architectures set their reference's)
@@ -60,24 +68,6 @@ SMOKE_MODEL = {
 def emit(rows, row):
     rows.append(row)
     print("| " + " | ".join(row) + " |", flush=True)
-
-
-def norm_rows(device, smoke, rows, impls):
-    size = dict(T=8, B=8, C=64, rounds=3, warmup=2) if smoke else dict(rounds=30)
-    fused = norms.fused_norms()
-    for dtype in (torch.float32, torch.float16):
-        median, _, _, failures = norms.measure(device, dtype, impls=impls, **size)
-        base = median["nn.LayerNorm"]
-        for name in norms.norm_names():
-            for impl in impls if name in fused else ("torch",):
-                for compiled in (False, True):
-                    key = norms.label(name, impl, compiled)
-                    part = f"norm {str(dtype)[6:]} {'compiled' if compiled else 'eager'}"
-                    if key in failures:
-                        emit(rows, (part, norms.label(name, impl), "failed", "", failures[key][:120]))
-                    else:
-                        emit(rows, (part, norms.label(name, impl), f"{median[key] * 1e3:.3f} ms",
-                                    f"{median[key] / base:.2f} × LN", ""))
 
 
 def train(data, family, run, plugin, updates, device, smoke, fp16, impl="torch"):
@@ -136,9 +126,9 @@ def _train_loop(trainer, epoch, updates, device, losses):
     return tokens / (time.perf_counter() - start)
 
 
-def training_rows(family, device, passes, smoke, rows, kinds=None, impls=("torch",)):
+def training_rows(family, device, passes, smoke, rows, kinds=None, impls=("torch",), deadline=math.inf):
     """``passes``: (updates, fp16) pairs; every architecture of ``family`` runs each pass in turn,
-    each plugin architecture once per implementation in ``impls``."""
+    each plugin architecture once per implementation in ``impls``, until ``deadline``."""
     with tempfile.TemporaryDirectory() as tmp:
         data = families.corpus(family, Path(tmp), 1000 if smoke else 20000)
         runs = families.runs(family, data, kinds)
@@ -146,7 +136,7 @@ def training_rows(family, device, passes, smoke, rows, kinds=None, impls=("torch
         # first timed run of a shape pays for the allocator and cuBLAS meeting each batch shape
         # (stock Post-Norm ran 3× slower than every other model on an H200 after a 20-update warm-up)
         for label, run in runs.items():
-            if label == run.baseline:
+            if label == run.baseline and time.monotonic() < deadline:
                 train(data, family, run, False, passes[0][0], device, smoke, passes[0][1])
         for updates, fp16 in passes:
             wps = {}
@@ -154,12 +144,16 @@ def training_rows(family, device, passes, smoke, rows, kinds=None, impls=("torch
                 plugin = label != run.baseline
                 for impl in impls if plugin else ("torch",):
                     row = norms.label(label, impl)
-                    wps[row], finite = train(data, family, run, plugin, updates, device, smoke, fp16, impl)
                     part = f"train {updates} updates {'fp16' if fp16 else 'fp32'}"
+                    if time.monotonic() > deadline:
+                        wps[row] = None
+                        emit(rows, (part, row, "not run", "", "the check's deadline passed"))
+                        continue
+                    wps[row], finite = train(data, family, run, plugin, updates, device, smoke, fp16, impl)
                     if wps[row] is None:
                         emit(rows, (part, row, "diverged", "", "fp16 loss scale at its minimum"))
                     else:
-                        stock = wps[run.baseline]
+                        stock = wps.get(run.baseline)
                         emit(rows, (part, row, f"{wps[row]:,.0f} words/s",
                                     f"{wps[row] / stock:.2f} × stock" if stock else "",
                                     "finite" if finite else "NaN/inf"))
@@ -167,47 +161,85 @@ def training_rows(family, device, passes, smoke, rows, kinds=None, impls=("torch
 
 def main(argv=None):
     from normplug.models.architectures import KINDS
+    from normplug.norms.impl import interpreting
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for part in PARTS:
+        ap.add_argument(f"--{part}", action="store_true", help=f"run the {part} part (default: all three)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--families", default=",".join(families.FAMILIES),
-                    help=f"comma-separated families to train (default: all; {', '.join(families.FAMILIES)})")
-    ap.add_argument("--updates", type=int, default=100, help="fp16 updates of each translation architecture")
-    ap.add_argument("--fp32-updates", type=int, default=30, help="float32 updates of each (0: none)")
-    ap.add_argument("--lm-updates", type=int, default=50, help="fp16 updates of each language model")
-    ap.add_argument("--lm-fp32-updates", type=int, default=20, help="float32 updates of each (0: none)")
-    ap.add_argument("--kinds", default="", help="comma-separated architecture kinds to train (default: all)")
-    ap.add_argument("--skip-norms", action="store_true", help="training rows only")
+    ap.add_argument("--budget", type=float, default=450, help="seconds the parts may take (default %(default)s)")
+    ap.add_argument("--families", default="translation",
+                    help=f"comma-separated families to train (default: %(default)s; {', '.join(families.FAMILIES)})")
+    ap.add_argument("--kinds", default="bn,rbn,pn", help="comma-separated architecture kinds to train, or all")
+    ap.add_argument("--updates", type=int, default=40, help="fp16 updates of each translation architecture")
+    ap.add_argument("--fp32-updates", type=int, default=0, help="float32 updates of each (0: none)")
+    ap.add_argument("--lm-updates", type=int, default=40, help="fp16 updates of each language model")
+    ap.add_argument("--lm-fp32-updates", type=int, default=0, help="float32 updates of each (0: none)")
     ap.add_argument("--impls", default=",".join(norms.IMPLS),
-                    help="implementations of the fused norms, comma-separated (default: %(default)s)")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes and a few updates, to check the script")
+                    help="implementations the plugin models train with, comma-separated (default: %(default)s)")
+    ap.add_argument("--norms", default=",".join(gpu_verify.NORMS),
+                    help="comma-separated fused norms to verify and time (default: all)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script (CPU: TRITON_INTERPRET=1)")
     args = ap.parse_args(argv)
     chosen = args.families.split(",")
-    kinds = args.kinds.split(",") if args.kinds else None
+    kinds = None if args.kinds == "all" else args.kinds.split(",")
     wanted = args.impls.split(",")
+    checked = args.norms.split(",")
     for values, valid, what in ((chosen, families.FAMILIES, "family"), (kinds or [], KINDS, "kind"),
-                                (wanted, norms.IMPLS, "impl")):
+                                (wanted, norms.IMPLS, "impl"), (checked, gpu_verify.NORMS, "norm")):
         for value in values:
             if value not in valid:
                 ap.error(f"unknown {what} {value!r}; choose from {', '.join(valid)}")
+    if args.device == "cpu" and not args.smoke:
+        ap.error("the GPU check needs --device cuda (or --smoke)")
+    parts = [part for part in PARTS if getattr(args, part)] or list(PARTS)
     warnings.filterwarnings("ignore")
     import logging
 
     logging.disable(logging.WARNING)  # fairseq's INFO lines would bury the table
-    if args.device == "cpu" and not args.smoke:
-        ap.error("the GPU check needs --device cuda (or --smoke)")
-    start = time.time()
+    start = time.monotonic()
+    # each part's deadline: its share of the budget, after the shares of the parts before it
+    shares = [PARTS[part] for part in parts]
+    deadline = {part: start + args.budget * sum(shares[:i + 1]) / sum(shares) for i, part in enumerate(parts)}
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     impls, skipped = norms.available_impls(args.device, tuple(wanted))
-    triton = "" if "triton" not in impls else f", triton {__import__('triton').__version__}"
-    print(f"normplug GPU check on {name}, torch {torch.__version__}{triton}", flush=True)
+    versions = f"torch {torch.__version__} (CUDA {torch.version.cuda})"
+    try:
+        versions += f", triton {__import__('triton').__version__}"
+    except ImportError:
+        pass
+    print(f"normplug GPU check on {name}, {versions}, {time.strftime('%Y-%m-%d')}, parts: "
+          f"{', '.join(parts)}, budget {args.budget:.0f} s", flush=True)
+    rows, seconds, verdicts, speeds = [], {}, {}, ({}, 0)
+    try:
+        if "verify" in parts:
+            if args.device == "cpu" and not interpreting():
+                print("verify: not run: the Triton kernels need a CUDA device, or TRITON_INTERPRET=1 on the CPU")
+            else:
+                gpu_verify.verify(args.device, args.smoke, deadline["verify"], checked,
+                                  emit=lambda line: print(line, flush=True), verdicts=verdicts)
+            seconds["verify"] = time.monotonic() - start
+        if "speed" in parts or "train" in parts:
+            print("| part | name | value | ratio | check |\n|---|---|---|---|---|", flush=True)
+        if "speed" in parts:
+            part_start = time.monotonic()
+            speeds = gpu_speed.speed(args.device, lambda row: emit(rows, row), args.smoke, deadline["speed"],
+                                     checked)
+            seconds["speed"] = time.monotonic() - part_start
+        if "train" in parts:
+            train_part(args, chosen, kinds, impls, skipped, rows, seconds, deadline["train"])
+    except KeyboardInterrupt:  # gpu_check.sh's hard limit (SIGINT): report what was measured
+        print(f"interrupted after {time.monotonic() - start:.0f} s: what follows covers what ran", flush=True)
+    report(rows, seconds, verdicts, speeds if "speed" in parts else None, checked, time.monotonic() - start)
+    wrong = [norm for norm, verdict in verdicts.items() if not verdict.correct]
+    bad = [row for row in rows if row[4] == "NaN/inf" or row[2] == "failed"]
+    return 1 if bad or wrong else 0
+
+
+def train_part(args, chosen, kinds, impls, skipped, rows, seconds, deadline):
+    """The training rows of each chosen family."""
     for line in skipped:
         print(line, flush=True)
-    print("| part | name | value | ratio | check |\n|---|---|---|---|---|", flush=True)
-    rows, seconds = [], {}
-    if not args.skip_norms:
-        norm_rows(args.device, args.smoke, rows, impls)
-        seconds["norms"] = time.time() - start
     updates = {"translation": (args.updates, args.fp32_updates), "lm": (args.lm_updates, args.lm_fp32_updates)}
     for family in chosen:
         fp16_updates, fp32_updates = updates[family]
@@ -215,18 +247,31 @@ def main(argv=None):
         passes = [(10, False)] if args.smoke and args.device == "cpu" else \
             [(10 if args.smoke else fp16_updates, True)] + \
             ([(10 if args.smoke else fp32_updates, False)] if fp32_updates else [])
-        family_start = time.time()
-        training_rows(family, args.device, passes, args.smoke, rows, kinds, impls)
-        seconds[family] = time.time() - family_start
-    print(f"{len(rows)} rows in {time.time() - start:.0f} s ("
-          + ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items()) + ")")
+        family_start = time.monotonic()
+        training_rows(family, args.device, passes, args.smoke, rows, kinds, impls, deadline)
+        seconds[family] = time.monotonic() - family_start
+
+
+def report(rows, seconds, verdicts, speeds, checked, elapsed):
+    """The VERDICT lines, each part's time, and the rows that failed; ``speeds``: what the speed
+    part returned, None if it did not run."""
+    ratios, sizes = speeds or ({}, 0)
+    print("worst = the largest gap over the verify cases; speed = the largest Triton ÷ torch-eager "
+          + (f"forward+backward time over {sizes} sizes (below 1: Triton faster)" if sizes
+             else "time, n/a: " + ("no size timed" if speeds else "the speed part did not run")))
+    for norm in checked:
+        verdict = verdicts.get(norm) or gpu_verify.Verdict(norm)
+        ratio = ratios.get(norm)
+        print(verdict.line("n/a" if ratio is None else "failed" if math.isinf(ratio) else f"{ratio:.2f}"),
+              flush=True)
+    times = ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items())
+    print(f"{len(rows)} rows in {elapsed:.0f} s ({times})")
     bad = [row[1] for row in rows if row[4] == "NaN/inf"]
     failed = [f"{row[0]} {row[1]}" for row in rows if row[2] == "failed"]
     if bad:
         print(f"NaN or inf in: {', '.join(bad)}")
     if failed:
         print(f"failed: {', '.join(failed)}")
-    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

@@ -74,15 +74,32 @@ def test_triton_matches_torch_float32(name, opts, shape):
     assert_same(run(triton_norm, x, gy), run(torch_norm, x, gy), rtol=1e-5)
 
 
+class LaunchSpy:
+    """A kernel's stand-in that records the grid of every launch and launches the kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
 @pytest.mark.parametrize("name,opts", CONFIGS, ids=IDS)
-def test_many_programs(name, opts, monkeypatch):
-    """Tiles of 2 tokens: 8 programs for 15 tokens, the last one half empty, each adding its
-    share of a parameter's gradient (at the recipes' sizes a call runs hundreds)."""
+def test_backward_programs_stride_over_tiles(name, opts, monkeypatch):
+    """Tiles of 2 tokens: 8 tiles for 15 tokens, the last one half empty; the forward runs a
+    program per tile, the persistent backward 3 (a 3-multiprocessor device here), which
+    stride over 3, 3 and 2 tiles and each add their share of a parameter's gradient."""
     monkeypatch.setattr(triton_token, "_TILE", 128)
-    assert triton_token._launch(15, 40)[:2] == ((8,), 2)
+    monkeypatch.setattr(triton_token, "multiprocessor_count", lambda device: 3)
+    forward = LaunchSpy(triton_token._forward_kernel)
+    backward = LaunchSpy(triton_token._backward_kernel)
+    monkeypatch.setattr(triton_token, "_forward_kernel", forward)
+    monkeypatch.setattr(triton_token, "_backward_kernel", backward)
     torch_norm, triton_norm = make_pair(name, opts, 40)
     x, gy = inputs((5, 3, 40), seed=4)
     assert_same(run(triton_norm, x, gy), run(torch_norm, x, gy), rtol=1e-5)
+    assert (forward.grids, backward.grids) == ([(8,)], [(3,)])
 
 
 @pytest.mark.parametrize("name,opts", CONFIGS, ids=IDS)

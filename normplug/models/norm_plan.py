@@ -115,8 +115,8 @@ def add_norm_args(parser, sites=SITES):
             help=f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
                  "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)")
     add("--norm-impl", choices=IMPLS,
-        help="fused norms' implementation: torch code, Triton kernels, or auto (default): "
-             "Triton for CUDA tensors when triton imports")
+        help="fused norms' implementation: torch code, Triton kernels (CUDA), or auto (default): "
+             "the torch code, until a norm's kernels pass the GPU check (benchmarks/gpu_check.sh)")
     add("--compile-norms", action="store_true", default=None,
         help="compile every plugin norm with torch.compile (first batches of each shape are slower)")
 

@@ -67,7 +67,7 @@ class MaskedBatchNorm(BatchStatNorm):
         return mean, var, count
 
     def forward(self, x, pad_mask=None):
-        if use_triton(self.impl, x):
+        if use_triton(self.impl, x, self.norm_name):
             return self._forward_fused(x, pad_mask)
         real = real_tokens(x, pad_mask)
         h = torch.where(real, upcast(x), 0)  # whatever padding holds never reaches a statistic

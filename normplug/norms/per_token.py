@@ -74,7 +74,7 @@ class LayerNormSimple(nn.Module):
 
     def forward(self, x, pad_mask=None):
         # y = (x − μ) / (s + ε), s the unbiased std, as in the released code
-        if use_triton(self.impl, x):
+        if use_triton(self.impl, x, self.norm_name):
             return fused(x, "layer_simple", self.eps)
         h = upcast(x)
         y = (h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + self.eps)
@@ -98,7 +98,7 @@ class DetachNorm(nn.Module):
 
     def forward(self, x, pad_mask=None):
         # y = (x − sg(μ)) / (sg(s) + ε): the detached statistics are constants in backward
-        if use_triton(self.impl, x):
+        if use_triton(self.impl, x, self.norm_name):
             return fused(x, "detach", self.eps, mean_grad=self.detach == "std", std_grad=self.detach == "mean")
         h = upcast(x)
         mean, std = h.mean(-1, keepdim=True), h.std(-1, keepdim=True)
@@ -127,7 +127,7 @@ class AdaNorm(nn.Module):
 
     def forward(self, x, pad_mask=None):
         # z = C·(1 − k·sg(y)) ⊙ y with y the LayerNorm-simple output: only the factor is detached
-        if use_triton(self.impl, x):
+        if use_triton(self.impl, x, self.norm_name):
             return fused(x, "adanorm", self.eps, k=self.k, scale=self.scale)
         h = upcast(x)
         y = (h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + self.eps)
@@ -149,7 +149,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x, pad_mask=None):
         # y = g ⊙ x / sqrt(mean(x²) + ε)
-        if use_triton(self.impl, x):
+        if use_triton(self.impl, x, self.norm_name):
             return fused(x, "rms", self.eps, param=self.weight)
         h = upcast(x)
         return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
@@ -170,7 +170,7 @@ class ScaleNorm(nn.Module):
 
     def forward(self, x, pad_mask=None):
         # y = g · x / max(‖x‖₂, ε), one scalar g per layer
-        if use_triton(self.impl, x):
+        if use_triton(self.impl, x, self.norm_name):
             return fused(x, "scale", self.eps, param=self.g)
         h = upcast(x)
         norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp(min=self.eps)

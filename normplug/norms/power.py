@@ -93,7 +93,7 @@ class PowerNorm(BatchStatNorm):
         return (g * torch.rsqrt(g.square().mean(-1, keepdim=True) + GROUP_EPS)).reshape(T, B, C)
 
     def forward(self, x, pad_mask=None):
-        if use_triton(self.impl, x):
+        if use_triton(self.impl, x, self.norm_name):
             return self._forward_fused(x, pad_mask)
         real = real_tokens(x, pad_mask)
         z = self._group_scale(torch.where(real, upcast(x), 0))  # 0 at padding

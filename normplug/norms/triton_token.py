@@ -5,7 +5,9 @@
 One forward and one backward kernel, each over tiles of whole tokens (rows of C channels),
 specialised by constexpr flags into each norm; per_token.py states the same equations in
 plain torch, and that path is the reference the tests hold these kernels to. A call is one
-launch forward and one backward (plus a column sum for RMSNorm's and ScaleNorm's parameter).
+launch forward (a program per tile) and one backward (a program per multiprocessor, each
+striding over tiles), plus torch's sum of the backward programs' shares of RMSNorm's and
+ScaleNorm's parameter gradient.
 Statistics are float32 for fp16/bf16/fp32 input (float64 for float64, though ε, k and C
 reach a compiled kernel as float32 numbers), outputs in the input's dtype. The forward
 saves each token's statistics; the backward reads them back.
@@ -22,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .registry import NormConfigError
+from .triton_grid import multiprocessor_count
 
 # Which norm a kernel computes (the constexpr KIND: each is compiled separately); a kernel
 # reads only globals that are tl.constexpr, the host their int values.
@@ -74,54 +77,65 @@ def _forward_kernel(X, Y, P, STATS, n_rows, n_cols, eps, k, scale,
 def _backward_kernel(GY, X, P, STATS, DX, DP, n_rows, n_cols, eps, k, scale,
                      KIND: tl.constexpr, MEAN_GRAD: tl.constexpr, STD_GRAD: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # persistent: a few programs (one per multiprocessor) stride over the row tiles, each
+    # summing its share of the parameter's gradient in registers and storing it once
     acc = STATS.dtype.element_ty
     pid = tl.program_id(0)
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
-    row_ok = rows < n_rows
     col_ok = cols < n_cols
-    mask = row_ok[:, None] & col_ok[None, :]
-    offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-    x = tl.load(X + offs, mask=mask, other=0.0).to(acc)
-    gy = tl.load(GY + offs, mask=mask, other=0.0).to(acc)
-    if KIND <= ADANORM:
-        mean = tl.load(STATS + rows, mask=row_ok, other=0.0)
-        std = tl.load(STATS + n_rows + rows, mask=row_ok, other=0.0)
-        sigma = std + eps
-        d = tl.where(mask, x - mean[:, None], 0.0)
-        if KIND == ADANORM:
-            # the factor C·(1 − k·sg(y)) is a constant of the backward
-            gy = gy * (scale * (1 - k * (d / sigma[:, None])))
-        if MEAN_GRAD:  # through μ: every channel loses the token's mean gradient
-            gy_c = tl.where(mask, gy - (tl.sum(gy, 1) / n_cols)[:, None], 0.0)
-        else:
-            gy_c = gy
-        dx = gy_c / sigma[:, None]
-        if STD_GRAD:
-            # ∂s/∂x = (x − μ) / ((C − 1)·s); s = 0 only where x − μ is 0 (to underflow), and
-            # the term is then 0, as in torch's std backward
-            dot = tl.sum(gy * d, 1)
-            coef = dot / (sigma * sigma * (n_cols - 1) * tl.where(std > 0, std, 1.0))
-            dx = dx - d * coef[:, None]
-    elif KIND == RMS:
-        # ∂L/∂x = r·(∂L/∂y ⊙ w) − x·r³·mean(∂L/∂y ⊙ w ⊙ x), r = 1/sqrt(mean(x²) + ε)
-        r = tl.load(STATS + rows, mask=row_ok, other=0.0)
+    if KIND == RMS:
         w = tl.load(P + cols, mask=col_ok, other=0.0).to(acc)
-        gw = gy * w[None, :]
-        dx = r[:, None] * gw - x * (r * r * r * tl.sum(gw * x, 1) / n_cols)[:, None]
-        # this tile's share of ∂L/∂w; the host sums the tiles
-        tl.store(DP + pid * n_cols + cols, tl.sum(gy * x * r[:, None], 0), mask=col_ok)
-    else:
-        norm = tl.load(STATS + rows, mask=row_ok, other=0.0)
-        clamped = tl.maximum(norm, eps)
+        dp = tl.zeros((BLOCK_C,), dtype=acc)
+    elif KIND == SCALE:
         g = tl.load(P).to(acc)
-        dot = tl.sum(gy * x, 1)
-        # ∂L/∂x = g·∂L/∂y/max(‖x‖, ε) − g·(∂L/∂y · x)·x/‖x‖³, the second term only where
-        # ‖x‖ ≥ ε: below, the clamp holds the denominator at ε and passes no gradient to it
-        coef = tl.where(norm >= eps, g * dot / (clamped * clamped * clamped), 0.0)
-        dx = (g / clamped)[:, None] * gy - coef[:, None] * x
-        tl.store(DP + pid, tl.sum(dot / clamped, 0))
-    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+        dp = tl.zeros((BLOCK_R,), dtype=acc)
+    for tile in range(pid, tl.cdiv(n_rows, BLOCK_R), tl.num_programs(0)):
+        rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        x = tl.load(X + offs, mask=mask, other=0.0).to(acc)
+        gy = tl.load(GY + offs, mask=mask, other=0.0).to(acc)
+        if KIND <= ADANORM:
+            mean = tl.load(STATS + rows, mask=row_ok, other=0.0)
+            std = tl.load(STATS + n_rows + rows, mask=row_ok, other=0.0)
+            sigma = std + eps
+            d = tl.where(mask, x - mean[:, None], 0.0)
+            if KIND == ADANORM:
+                # the factor C·(1 − k·sg(y)) is a constant of the backward
+                gy = gy * (scale * (1 - k * (d / sigma[:, None])))
+            if MEAN_GRAD:  # through μ: every channel loses the token's mean gradient
+                gy_c = tl.where(mask, gy - (tl.sum(gy, 1) / n_cols)[:, None], 0.0)
+            else:
+                gy_c = gy
+            dx = gy_c / sigma[:, None]
+            if STD_GRAD:
+                # ∂s/∂x = (x − μ) / ((C − 1)·s); s = 0 only where x − μ is 0 (to underflow), and
+                # the term is then 0, as in torch's std backward
+                dot = tl.sum(gy * d, 1)
+                coef = dot / (sigma * sigma * (n_cols - 1) * tl.where(std > 0, std, 1.0))
+                dx = dx - d * coef[:, None]
+        elif KIND == RMS:
+            # ∂L/∂x = r·(∂L/∂y ⊙ w) − x·r³·mean(∂L/∂y ⊙ w ⊙ x), r = 1/sqrt(mean(x²) + ε)
+            r = tl.load(STATS + rows, mask=row_ok, other=0.0)
+            gw = gy * w[None, :]
+            dx = r[:, None] * gw - x * (r * r * r * tl.sum(gw * x, 1) / n_cols)[:, None]
+            dp += tl.sum(gy * x * r[:, None], 0)
+        else:
+            norm = tl.load(STATS + rows, mask=row_ok, other=0.0)
+            clamped = tl.maximum(norm, eps)
+            dot = tl.sum(gy * x, 1)
+            # ∂L/∂x = g·∂L/∂y/max(‖x‖, ε) − g·(∂L/∂y · x)·x/‖x‖³, the second term only where
+            # ‖x‖ ≥ ε: below, the clamp holds the denominator at ε and passes no gradient to it
+            coef = tl.where(norm >= eps, g * dot / (clamped * clamped * clamped), 0.0)
+            dx = (g / clamped)[:, None] * gy - coef[:, None] * x
+            dp += dot / clamped  # padded rows add 0: their x and ∂L/∂y load as 0
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+    # this program's share of ∂L/∂param; the host sums the programs' rows
+    if KIND == RMS:
+        tl.store(DP + pid * n_cols + cols, dp, mask=col_ok)
+    elif KIND == SCALE:
+        tl.store(DP + pid, tl.sum(dp, 0))
 
 
 def _stats_dtype(x: torch.Tensor) -> torch.dtype:
@@ -175,7 +189,10 @@ def _backward(gy: torch.Tensor, x: torch.Tensor, param: Optional[torch.Tensor], 
     if n_rows == 0:
         dx.zero_()
         return dx, (x.new_empty(0) if param is None else torch.zeros_like(param))
-    grid, block_r, block_c, warps = _launch(n_rows, n_cols)
+    tiles, block_r, block_c, warps = _launch(n_rows, n_cols)
+    # persistent: at most one program per multiprocessor, so that a parameter's partial
+    # sums are programs × C, not tiles × C (Liger's RMSNorm backward does the same)
+    grid = (min(tiles[0], multiprocessor_count(x.device)),)
     if param is None:
         partial = stats  # not written: SIMPLE and ADANORM have no parameter
     else:
