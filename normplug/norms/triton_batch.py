@@ -255,6 +255,12 @@ def _grid(x2):
     return (col_blocks, splits), split_rows, splits
 
 
+def empty_grads(x, weight):
+    """Uninitialised (∂L/∂x, ∂L/∂γ, ∂L/∂β): contiguous like x; like γ, or empty without γ."""
+    param = x.new_empty(0) if weight is None else torch.empty_like(weight)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), param, torch.empty_like(param)
+
+
 def _synced_moments(part, cnt):
     """The (mean, M2) and count of the real rows of every worker as one split: Σx and n
     all-reduced, then each split's M2 moved to the global mean and all-reduced."""
@@ -324,8 +330,7 @@ def _backward(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Optional[to
     if affine or batch_stats:
         _bn_grad_sums_kernel[grid](gy2, x2, pad_t, mean, var, part, T * B, C, B, sb, st,
                                    split_rows, eps, **common)
-    dw = torch.empty_like(weight) if affine else x.new_empty(0)
-    db = torch.empty_like(weight) if affine else x.new_empty(0)
+    dx, dw, db = empty_grads(x, weight)
     if sync and batch_stats:
         # μ_B and σ²_B are every worker's: the merge sees the sums over workers (gmean, gvar
         # included); γ and β get this worker's sums, as on the torch path
@@ -335,20 +340,19 @@ def _backward(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Optional[to
         dist.all_reduce(both)
         part, gmean, gvar = both[:2, None], both[2], both[3]
         if affine:
-            db.copy_(local[0]), dw.copy_(local[1])
-    dx = torch.empty_like(x2)
+            db.copy_(local[0])
+            dw.copy_(local[1])
     _bn_grad_input_kernel[grid](gy2, x2, pad_t, dx, part, part.shape[1], gmean, gvar, mean, var, count,
                                 weight, dw, db, T * B, C, B, sb, st, split_rows, eps, AFFINE=affine,
                                 PARAM_GRADS=affine and not (sync and batch_stats),
                                 BATCH_STATS=batch_stats, HAS_GMEAN=gmean is not None,
                                 HAS_GVAR=gvar is not None, CHUNK=SPLIT_CHUNK, **common)
-    return dx.view(T, B, C), dw, db
+    return dx, dw, db
 
 
 @_backward.register_fake
 def _(gy, gmean, gvar, x, pad_mask, weight, mean, var, count, eps, batch_stats, sync):
-    grad = x.new_empty(0) if weight is None else torch.empty_like(weight)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), grad, torch.empty_like(grad)
+    return empty_grads(x, weight)
 
 
 class _BatchNorm(torch.autograd.Function):

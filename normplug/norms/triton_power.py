@@ -17,7 +17,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .triton_batch import pad_args, real_rows, split_plan, sum_splits
+from .triton_batch import empty_grads, pad_args, real_rows, split_plan, sum_splits
 
 ROW_TILE_ELEMENTS = 2048  # elements of a row-wise tile (whole rows: more if one row is wider)
 MAX_TILE_ROWS = 32
@@ -249,7 +249,7 @@ def _backward(gy: torch.Tensor, x: torch.Tensor, pad_mask: Optional[torch.Tensor
     options, split_rows, splits, D = _row_plan(x2, groups)
     affine = weight is not None
     part = torch.empty(3, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ, ν's sum
-    dx = torch.empty_like(x2)
+    dx, dw, db = empty_grads(x, weight)
     _power_grad_kernel[(splits,)](gy2, x2, pad_t, dx, scales, nu, weight, part, T * B, C, B, sb, st,
                                   groups, D, split_rows, nu_scale, group_eps,
                                   HAS_PAD=pad_mask is not None, AFFINE=affine, TRAINING=training,
@@ -257,19 +257,16 @@ def _backward(gy: torch.Tensor, x: torch.Tensor, pad_mask: Optional[torch.Tensor
     if training and sync:
         part = part.sum(1, keepdim=True)
         dist.all_reduce(part[2])  # ν is every worker's; γ and β get this worker's sums
-    dw = torch.empty_like(weight) if affine else x.new_empty(0)
-    db = torch.empty_like(weight) if affine else x.new_empty(0)
     if affine or training:
         _power_grad_merge_kernel[(triton.cdiv(C, MERGE_COLS),)](
             part, part.shape[1], C, count, nu, dw, db, AFFINE=affine, TRAINING=training,
             MERGE_COLS=MERGE_COLS, CHUNK=MERGE_CHUNK)
-    return dx.view(T, B, C), dw, db
+    return dx, dw, db
 
 
 @_backward.register_fake
 def _(gy, x, pad_mask, weight, nu, scales, count, groups, group_eps, nu_scale, training, sync):
-    grad = x.new_empty(0) if weight is None else torch.empty_like(weight)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), grad, torch.empty_like(grad)
+    return empty_grads(x, weight)
 
 
 class _PowerNorm(torch.autograd.Function):
