@@ -99,7 +99,7 @@ def _bn_stats_kernel(x_ptr, pad_ptr, part_ptr, cnt_ptr, N, C, B, pad_sb, pad_st,
                     mask=real[:, None] & in_c[None, :], other=0.0).to(tl.float32)
         n += real.to(tl.float32)
         delta = tl.where(real[:, None], x - mean, 0.0)
-        mean += delta / tl.maximum(n, 1.0)[:, None]
+        mean += delta * (1.0 / tl.maximum(n, 1.0))[:, None]  # one division a lane, not an element
         m2 += delta * (x - mean)
     mean, m2, n = _merge_moments(mean, m2, n[:, None] + tl.zeros_like(mean))
     tl.store(part_ptr + split * C + cols, mean, mask=in_c)
@@ -194,7 +194,7 @@ def _bn_grad_sums_kernel(gy_ptr, x_ptr, pad_ptr, mean_ptr, var_ptr, part_ptr, N,
         gy = tl.load(gy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         db += gy
-        dw += gy * tl.where(ok, x - mean[None, :], 0.0)
+        dw += gy * (x - mean[None, :])  # gy is 0 wherever x is masked
     r = tl.rsqrt(tl.load(var_ptr + cols, mask=in_c, other=1.0) + eps)
     tl.store(part_ptr + split * C + cols, tl.sum(db, 0), mask=in_c)
     tl.store(part_ptr + (tl.num_programs(1) + split) * C + cols, tl.sum(dw, 0) * r, mask=in_c)
