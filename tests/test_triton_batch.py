@@ -53,25 +53,6 @@ def assert_twins(ref, fused):
         assert torch.equal(a, b) if a.dtype == torch.long else torch.allclose(a, b, 1e-5, 1e-6), name
 
 
-@pytest.mark.parametrize("C,lengths", [(40, [5, 2, 4]), (24, None)])
-def test_batch_training_steps_with_penalty(C, lengths):
-    ref, fused = twins("batch", C, momentum=0.3)
-    pad = None if lengths is None else pad_mask(lengths)
-    for step in range(3):
-        x = torch.randn(T, B, C) * 2 + 0.5
-        if pad is not None:
-            x[pad.t()] = 1e4  # padding holds garbage that must not reach a statistic
-        upstream = torch.randn(T, B, C)
-        y_ref, gx_ref = run(ref, x, pad, upstream, penalty=True)
-        y_fused, gx_fused = run(fused, x, pad, upstream, penalty=True)
-        assert_close(y_fused, y_ref)
-        assert_close(gx_fused, gx_ref)
-        if pad is not None:
-            assert (y_fused[pad.t()] == 0).all() and (gx_fused[pad.t()] == 0).all()
-    assert_twins(ref, fused)
-    assert fused.num_batches_tracked.item() == 3
-
-
 def test_batch_penalty_gradient_alone_matches():
     # the gradient that reaches x through μ_B and σ²_B only (no gradient on y)
     ref, fused = twins("batch", 40)
@@ -118,27 +99,8 @@ def test_batch_single_token_and_fp16():
     assert_close(fused.running_var, ref.running_var, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("groups,lengths", [(4, [5, 2, 4]), (1, None)])
-def test_power_training_across_warmup(groups, lengths):
-    # steps 1..4 with a warm-up of 2 updates: batch σ²_B, then ψ²; ν carried by the backward
-    ref, fused = twins("power", 24, groups=groups, warmup_updates=2)
-    pad = None if lengths is None else pad_mask(lengths)
-    for updates in range(4):
-        for norm in (ref, fused):
-            norm.set_num_updates(updates)
-        x = torch.randn(T, B, 24) * 1.5
-        upstream = torch.randn(T, B, 24)
-        y_ref, gx_ref = run(ref, x, pad, upstream)
-        y_fused, gx_fused = run(fused, x, pad, upstream)
-        assert_close(y_fused, y_ref)
-        assert_close(gx_fused, gx_ref)
-        assert_close(fused.discrepancy().tid_var, ref.discrepancy().tid_var)
-    assert fused.nu.abs().sum() > 0
-    assert_twins(ref, fused)
-
-
 def test_power_eval_and_fp16():
-    ref, fused = twins("power", 40, groups=5)
+    ref, fused = twins("power", 40, groups=1)
     for norm in (ref, fused):
         norm.running_psi2.uniform_(0.5, 2)
         norm.eval()
@@ -245,21 +207,21 @@ def test_synced_statistics_match_the_torch_path(tmp_path):
 
 
 _RECORD_LAUNCHES = """
-import json, sys, torch
-import triton
+import json, sys, tempfile, torch
 from normplug.norms import create_norm, triton_batch, triton_power
 
-DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bool: "i1", torch.uint8: "u8", torch.int64: "i64", torch.int32: "i32"}
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.bool: "i1",
+          torch.uint8: "u8", torch.int64: "i64", torch.int32: "i32"}
 seen = {}
 
 def spy(module, name, kernel):
     def launch(grid):
-        def call(*args, **constexprs):
+        def call(*args, num_warps=4, **constexprs):
             types = [("*" + DTYPES[a.dtype]) if isinstance(a, torch.Tensor) else
                      "constexpr" if a is None else "i32" if isinstance(a, int) else "fp32" for a in args]
             nones = [n for n, a in zip(kernel.arg_names, args) if a is None]
-            seen[json.dumps([module, name, types, nones, sorted(constexprs.items())])] = 1
-            return kernel[grid](*args, **constexprs)
+            seen[json.dumps([module, name, types, nones, sorted(constexprs.items()), num_warps])] = 1
+            return kernel[grid](*args, num_warps=num_warps, **constexprs)
         return call
     return type("Spy", (), {"__getitem__": lambda self, grid: launch(grid)})()
 
@@ -267,48 +229,69 @@ for module in (triton_batch, triton_power):
     for name in [n for n in dir(module) if n.endswith("_kernel")]:
         setattr(module, name, spy(module.__name__, name, getattr(module, name)))
 
+def step(norm, x, mask, training):
+    norm.train(training)
+    x = x.detach().requires_grad_(True)
+    y = norm(x, pad_mask=mask)
+    loss = y.float().sum()
+    if norm.supports_rbn and training:
+        d = norm.discrepancy()
+        loss = loss + d.rbn_mean + d.rbn_var
+    loss.backward()
+
 pad = torch.arange(5)[None, :] >= torch.tensor([5, 2, 4])[:, None]
 for name, options in (("batch", {}), ("batch", {"affine": False}), ("batch", {"test_stats": "batch"}),
                       ("power", {"groups": 4}), ("power", {"affine": False})):
-    for dtype, mask in ((torch.float32, pad), (torch.float16, None)):
+    for dtype, mask in ((torch.float32, pad), (torch.float16, None), (torch.bfloat16, pad)):
         norm = create_norm(name, 24, impl="triton", **options).to(dtype)
         for training in (True, False):
-            norm.train(training)
-            x = torch.randn(5, 3, 24, dtype=dtype, requires_grad=True)
-            y = norm(x, pad_mask=mask)
-            loss = y.float().sum()
-            if name == "batch" and training:
-                d = norm.discrepancy()
-                loss = loss + d.rbn_mean + d.rbn_var
-            loss.backward()
+            step(norm, torch.randn(5, 3, 24, dtype=dtype), mask, training)
+for groups in (1, 16):  # a row-wise tile of 512 channels, one group or 16
+    step(create_norm("power", 512, impl="triton", groups=groups).half(), torch.randn(2, 3, 512).half(), pad[:, :2], True)
+# synced statistics (a one-worker group): the same kernels around torch's all_reduce
+torch.distributed.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+for name, options in (("batch", {"sync_stats": True}), ("power", {"groups": 4, "sync_stats": True})):
+    norm = create_norm(name, 24, impl="triton", **options)
+    norm._sync = lambda: True
+    step(norm, torch.randn(5, 3, 24), pad, True)
+torch.distributed.destroy_process_group()
 print(json.dumps(list(seen)))
 """
 
 _COMPILE_RECORDED = """
-import importlib, json, sys
+import importlib, json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 for entry in json.loads(sys.stdin.read()):
-    module, name, types, nones, constexprs = json.loads(entry)
+    module, name, types, nones, constexprs, warps = json.loads(entry)
     kernel = getattr(importlib.import_module(module), name)
-    names = kernel.arg_names
-    signature = dict(zip(names, types))
+    signature = dict(zip(kernel.arg_names, types))
     values = dict(constexprs)
     values.update({n: None for n in nones})
     signature.update({n: "constexpr" for n in values})
-    source = ASTSource(kernel, signature, constexprs=values)
-    assert "cubin" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm, name
+    binary = triton.compile(ASTSource(kernel, signature, constexprs=values), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": warps}).asm["cubin"]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(binary)
+        f.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs = int(re.search(r"REG:(\\d+)", usage).group(1))
+    print(name, dict(constexprs), "warps", warps, "registers", regs)
+    assert regs <= 128, f"{name} needs {regs} registers: {usage}"  # two programs of 8 warps a multiprocessor
 print("compiled")
 """
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_a_gpu():
-    """Every launch the CPU tests make (recorded under the interpreter, with its argument types and
-    constexprs) compiles with Triton's own compiler for sm_90, down to the GPU binary: the
-    interpreter accepts code the compiler rejects. No GPU is needed."""
+    """Every launch the recording script makes (under the interpreter, with its argument types,
+    constexprs and warps; both dtypes of half precision, synced statistics, PowerNorm with 1 and
+    16 groups of 512 channels) compiles with Triton's own compiler for sm_90, down to the GPU
+    binary, within 128 registers a thread: the interpreter accepts code the compiler rejects."""
+    import json
     import subprocess
     import sys
     from pathlib import Path
@@ -318,8 +301,8 @@ def test_kernels_compile_for_a_gpu():
                               text=True, timeout=300)
     assert recorded.returncode == 0, recorded.stderr[-3000:]
     launches = recorded.stdout.strip().splitlines()[-1]
-    assert len(__import__("json").loads(launches)) >= 9
+    assert len(json.loads(launches)) >= 30
     env.pop("TRITON_INTERPRET")
     done = subprocess.run([sys.executable, "-c", _COMPILE_RECORDED], input=launches, env=env,
                           capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr[-3000:]
+    assert done.returncode == 0 and done.stdout.strip().endswith("compiled"), done.stderr[-3000:]

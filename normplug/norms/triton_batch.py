@@ -1,15 +1,20 @@
 """Fused Triton kernels for masked BatchNorm (the torch code in batch.py is the reference they
-are tested against); triton_power.py reuses its row and grid helpers for PowerNorm.
+are tested against), and the split reductions that triton_power.py shares for PowerNorm.
 
 ``x`` of shape T×B×C is read as N = T·B rows of C channels; row i is the token
-(t, b) = divmod(i, B), and the B×T ``pad_mask`` (True at padding) is read in place, so a
-call prepares no mask. Statistics and gradient sums are float32 whatever the input dtype;
-outputs and the input gradient are in the input dtype. Padding never enters a sum and
-outputs 0. BatchNorm's column reductions run one program per block of channels over every
-row, so its statistics need no second kernel; PowerNorm's group scaling needs whole rows, so
-its row-wise kernel leaves partial column sums that a small kernel adds up. The all_reduce of
-synced statistics is a torch call between two kernels. This module imports triton: batch.py
-and power.py import it only when a norm runs with impl="triton".
+(t, b) = divmod(i, B), and the B×T ``pad_mask`` (True at padding) is read in place. Statistics
+and gradient sums are float32 whatever the input dtype; outputs are in the input dtype; padding
+never enters a sum and outputs 0. Every sum over tokens is split: a grid of channel blocks ×
+row splits (a few programs per multiprocessor), each program looping over the row blocks of
+its split and leaving one partial per channel; the next kernel's programs merge the partials
+of their own channels in a fixed order (no atomics, so two runs are bitwise equal). A training
+step is four launches: statistics, normalise (+ running update), gradient sums, input
+gradient. Synced statistics are all-reduced by torch between two kernels.
+
+The kernels run inside two torch.library custom ops that declare the buffers they update, called
+from an autograd.Function (torch refuses an autograd formula on an op that mutates), so that
+torch.compile(fullgraph=True) traces them and each buffer is updated once per step. This module
+imports triton: batch.py imports it only when a norm runs with impl="triton".
 """
 from typing import Optional, Tuple
 
@@ -18,15 +23,33 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-# rows × channels of one program: a column reduction walks all rows in tiles of REDUCE_ROWS
-REDUCE_ROWS, REDUCE_COLS = 64, 32
-TILE_ROWS, TILE_COLS = 32, 64
-# row-wise kernels (PowerNorm's group scaling, triton_power.py) hold whole rows: at most this many elements a tile
-ROW_TILE_ELEMENTS = 4096
+from .triton_grid import multiprocessor_count
+
+BLOCK_R, BLOCK_C = 32, 64  # a program's tile: 64 channels (a coalesced row segment) × 32 rows
+PROGRAMS_PER_SM = 2  # programs of a split reduction per multiprocessor
+MIN_SPLIT_BLOCKS = 4  # row blocks per split at least, so that merging costs less than reducing
+SPLIT_CHUNK = 16  # partials a merge loads at once (registers bounded whatever the split count)
+
+
+def split_plan(n_rows: int, block_r: int, col_blocks: int, device: torch.device) -> Tuple[int, int]:
+    """(rows per split, splits) of a reduction over ``n_rows`` rows on a grid of ``col_blocks`` ×
+    splits: PROGRAMS_PER_SM programs per multiprocessor, each at least MIN_SPLIT_BLOCKS row blocks."""
+    wanted = triton.cdiv(PROGRAMS_PER_SM * multiprocessor_count(device), col_blocks)
+    splits = max(1, min(wanted, triton.cdiv(n_rows, MIN_SPLIT_BLOCKS * block_r)))
+    rows = max(block_r, triton.cdiv(triton.cdiv(n_rows, splits), block_r) * block_r)
+    return rows, max(1, triton.cdiv(n_rows, rows))
+
+
+def pad_args(pad_mask: Optional[torch.Tensor], x: torch.Tensor):
+    """(pointer tensor, stride over b, stride over t) of a B×T bool mask, read in place."""
+    if pad_mask is None:
+        return x, 0, 0  # a never-read pointer: HAS_PAD is off
+    pad = pad_mask if pad_mask.dtype == torch.bool else pad_mask.to(torch.bool)
+    return pad.view(torch.uint8), pad.stride(0), pad.stride(1)
 
 
 @triton.jit
-def _real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD: tl.constexpr):
+def real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD: tl.constexpr):
     """True at rows < N that are real tokens (pad_mask[b, t] False for row = t·B + b)."""
     real = rows < N
     if HAS_PAD:
@@ -35,249 +58,330 @@ def _real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD: tl.constexpr):
     return real
 
 
-# ---------------------------------------------------------------- masked BatchNorm
+@triton.jit
+def sum_splits(part_ptr, S, C, cols, in_c, CHUNK: tl.constexpr):
+    """Σ over the S rows of an S×C array of partial sums, for channels ``cols``, in a fixed order
+    (CHUNK rows at a time, summed per lane, reduced once)."""
+    total = tl.zeros([CHUNK, cols.shape[0]], tl.float32)
+    for s0 in range(0, S, CHUNK):
+        s = s0 + tl.arange(0, CHUNK)
+        ok = (s < S)[:, None] & in_c[None, :]
+        total += tl.load(part_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0)
+    return tl.sum(total, 0)
+
 
 @triton.jit
-def _bn_stats_kernel(x_ptr, pad_ptr, mean_ptr, var_ptr, count_ptr, N, C, B, pad_sb, pad_st,
-                     HAS_PAD: tl.constexpr, SUM_PASS: tl.constexpr, M2_PASS: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # SUM_PASS: mean and count of the real tokens; M2_PASS: Σ m·(x − mean)² / max(count, 1)
-    # around the mean and count found in mean_ptr/count_ptr when SUM_PASS is off (synced stats)
+def _merge_moments(mean, m2, n):
+    """(mean, M2 = Σ (x − mean)², count) per channel of K disjoint sets of rows given as K×C
+    arrays of theirs: Chan et al.'s merge, M2 = Σ_k M2_k + n_k (mean_k − mean)²."""
+    total = tl.sum(n, 0)
+    merged = tl.sum(n * mean, 0) / tl.maximum(total, 1.0)
+    delta = mean - merged[None, :]
+    return merged, tl.sum(m2 + n * delta * delta, 0), total
+
+
+@triton.jit
+def _bn_stats_kernel(x_ptr, pad_ptr, part_ptr, cnt_ptr, N, C, B, pad_sb, pad_st, split_rows,
+                     HAS_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # (count, mean, M2) of the real rows of one split: a Welford update per lane (row of the
+    # tile) and channel, then the lanes merged once, as PyTorch's and apex's BN kernels do
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     in_c = cols < C
-    if SUM_PASS:
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-        cnt = tl.zeros([BLOCK_R], dtype=tl.float32)
-        for r0 in range(0, N, BLOCK_R):
-            rows = r0 + tl.arange(0, BLOCK_R)
-            real = _real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
-            x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=real[:, None] & in_c[None, :],
-                        other=0.0).to(tl.float32)
-            acc += tl.sum(x, 0)
-            cnt += real.to(tl.float32)
-        n = tl.sum(cnt, 0)
-        mean = acc / tl.maximum(n, 1.0)
-        tl.store(mean_ptr + cols, mean, mask=in_c)
-        if tl.program_id(0) == 0:
-            tl.store(count_ptr, n)
-    else:
-        mean = tl.load(mean_ptr + cols, mask=in_c, other=0.0)
-        n = tl.load(count_ptr)
-    if M2_PASS:
-        m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-        for r0 in range(0, N, BLOCK_R):
-            rows = r0 + tl.arange(0, BLOCK_R)
-            real = _real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
-            ok = real[:, None] & in_c[None, :]
-            x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            d = tl.where(ok, x - mean[None, :], 0.0)
-            m2 += tl.sum(d * d, 0)
-        tl.store(var_ptr + cols, m2 / tl.maximum(n, 1.0), mask=in_c)
+    split = tl.program_id(1)
+    start = split * split_rows
+    mean = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    m2 = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    n = tl.zeros([BLOCK_R], tl.float32)
+    for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * C + cols[None, :],
+                    mask=real[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+        n += real.to(tl.float32)
+        delta = tl.where(real[:, None], x - mean, 0.0)
+        mean += delta * (1.0 / tl.maximum(n, 1.0))[:, None]  # one division a lane, not an element
+        m2 += delta * (x - mean)
+    mean, m2, n = _merge_moments(mean, m2, n[:, None] + tl.zeros_like(mean))
+    tl.store(part_ptr + split * C + cols, mean, mask=in_c)
+    tl.store(part_ptr + (tl.num_programs(1) + split) * C + cols, m2, mask=in_c)
+    if tl.program_id(0) == 0:
+        tl.store(cnt_ptr + split, tl.max(n, 0))
 
 
 @triton.jit
-def _bn_apply_kernel(x_ptr, pad_ptr, y_ptr, mean_ptr, var_ptr, w_ptr, b_ptr,
-                     count_ptr, run_mean_ptr, run_var_ptr, tracked_ptr, N, C, B, pad_sb, pad_st,
-                     eps, momentum, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
-                     UPDATE_RUNNING: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # y = γ (x − μ)/sqrt(σ² + ε) + β at real tokens, 0 at padding; the first row of programs
-    # also takes the EMA step of the running statistics (no step for a batch without tokens)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+def _bn_apply_kernel(x_ptr, pad_ptr, y_ptr, part_ptr, cnt_ptr, S, mean_ptr, var_ptr, count_ptr,
+                     w_ptr, b_ptr, run_mean_ptr, run_var_ptr, tracked_ptr, N, C, B, pad_sb, pad_st,
+                     split_rows, eps, momentum, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
+                     BATCH_STATS: tl.constexpr, UPDATE_RUNNING: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK: tl.constexpr):
+    # merge the S splits' moments of these channels (or read the running ones), then
+    # y = γ (x − μ)/sqrt(σ² + ε) + β over this split's rows, 0 at padding; split 0 also stores
+    # μ_B, σ²_B and takes the EMA step of the running statistics (none for a batch without tokens)
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     in_c = cols < C
-    real = _real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
-    ok = real[:, None] & in_c[None, :]
-    x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    mean = tl.load(mean_ptr + cols, mask=in_c, other=0.0)
-    var = tl.load(var_ptr + cols, mask=in_c, other=1.0)
-    y = (x - mean[None, :]) * tl.rsqrt(var + eps)[None, :]
-    if AFFINE:
-        w = tl.load(w_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
-        y = y * w[None, :] + b[None, :]
-    y = tl.where(ok, y, 0.0)
-    tl.store(y_ptr + rows[:, None] * C + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=(rows < N)[:, None] & in_c[None, :])
-    if UPDATE_RUNNING:
+    split = tl.program_id(1)
+    if BATCH_STATS:
+        # the splits' moments merged as in _merge_moments, CHUNK splits at a time: first the
+        # count and the mean, then M2 around that mean
+        counts = tl.zeros([CHUNK], tl.float32)
+        mean_sum = tl.zeros([CHUNK, BLOCK_C], tl.float32)
+        for s0 in range(0, S, CHUNK):
+            s = s0 + tl.arange(0, CHUNK)
+            ok = (s < S)[:, None] & in_c[None, :]
+            n_s = tl.load(cnt_ptr + s, mask=s < S, other=0.0)
+            counts += n_s
+            mean_sum += n_s[:, None] * tl.load(part_ptr + s[:, None] * C + cols[None, :], mask=ok, other=0.0)
+        count = tl.sum(counts, 0)
+        mean = tl.sum(mean_sum, 0) / tl.maximum(count, 1.0)
+        m2 = tl.zeros([CHUNK, BLOCK_C], tl.float32)
+        for s0 in range(0, S, CHUNK):
+            s = s0 + tl.arange(0, CHUNK)
+            ok = (s < S)[:, None] & in_c[None, :]
+            offs = s[:, None] * C + cols[None, :]
+            delta = tl.load(part_ptr + offs, mask=ok, other=0.0) - mean[None, :]
+            m2 += tl.load(part_ptr + S * C + offs, mask=ok, other=0.0) + (
+                tl.load(cnt_ptr + s, mask=s < S, other=0.0)[:, None] * delta * delta)
+        var = tl.sum(m2, 0) / tl.maximum(count, 1.0)
+    else:
+        mean = tl.load(run_mean_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
+        var = tl.load(run_var_ptr + cols, mask=in_c, other=1.0).to(tl.float32)
+        count = 0.0
+    if split == 0:
+        tl.store(mean_ptr + cols, mean, mask=in_c)
+        tl.store(var_ptr + cols, var, mask=in_c)
         if tl.program_id(0) == 0:
-            has_tokens = tl.load(count_ptr) > 0
-            rho = tl.where(has_tokens, momentum, 0.0)
+            tl.store(count_ptr, count)
+        if UPDATE_RUNNING:
+            rho = tl.where(count > 0, momentum, 0.0)
             run_mean = tl.load(run_mean_ptr + cols, mask=in_c, other=0.0)
             run_var = tl.load(run_var_ptr + cols, mask=in_c, other=1.0)
             tl.store(run_mean_ptr + cols, run_mean + rho * (mean - run_mean), mask=in_c)
             tl.store(run_var_ptr + cols, run_var + rho * (var - run_var), mask=in_c)
-            if tl.program_id(1) == 0:
-                tl.store(tracked_ptr, tl.load(tracked_ptr) + has_tokens.to(tl.int64))
+            if tl.program_id(0) == 0:
+                tl.store(tracked_ptr, tl.load(tracked_ptr) + (count > 0).to(tl.int64))
+    r = tl.rsqrt(var + eps)
+    if AFFINE:
+        w = tl.load(w_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
+    start = split * split_rows
+    for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None] & in_c[None, :]
+        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+        y = (tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) - mean[None, :]) * r[None, :]
+        if AFFINE:
+            y = y * w[None, :] + b[None, :]
+        tl.store(y_ptr + offs, tl.where(ok, y, 0.0).to(y_ptr.dtype.element_ty),
+                 mask=(rows < N)[:, None] & in_c[None, :])
 
 
 @triton.jit
-def _bn_grad_sums_kernel(gy_ptr, x_ptr, pad_ptr, mean_ptr, var_ptr, w_ptr, gmean_ptr, gvar_ptr,
-                         dw_ptr, db_ptr, gmu_ptr, gsig_ptr, N, C, B, pad_sb, pad_st, eps,
-                         HAS_PAD: tl.constexpr, AFFINE: tl.constexpr, BATCH_STATS: tl.constexpr,
-                         HAS_GMEAN: tl.constexpr, HAS_GVAR: tl.constexpr,
+def _bn_grad_sums_kernel(gy_ptr, x_ptr, pad_ptr, mean_ptr, var_ptr, part_ptr, N, C, B, pad_sb,
+                         pad_st, split_rows, eps, HAS_PAD: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # dβ = Σ m·gy, dγ = Σ m·gy·x̂ and, with batch statistics, the total gradients of μ_B and σ²_B:
-    # ∂L/∂μ_B = gmean − r·γ·dβ, ∂L/∂σ²_B = gvar − ½ r²·γ·dγ (r = 1/sqrt(σ²_B + ε))
+    # one split's Σ m·gy (dβ) and Σ m·gy·x̂ (dγ) per channel, summed per lane, reduced once
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     in_c = cols < C
+    split = tl.program_id(1)
     mean = tl.load(mean_ptr + cols, mask=in_c, other=0.0)
-    r = tl.rsqrt(tl.load(var_ptr + cols, mask=in_c, other=1.0) + eps)
-    db = tl.zeros([BLOCK_C], dtype=tl.float32)
-    dw = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for r0 in range(0, N, BLOCK_R):
+    db = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    dw = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    start = split * split_rows
+    for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        real = _real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
-        ok = real[:, None] & in_c[None, :]
-        offs = rows[:, None] * C + cols[None, :]
+        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None] & in_c[None, :]
+        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
         gy = tl.load(gy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        db += tl.sum(gy, 0)
-        dw += tl.sum(gy * (x - mean[None, :]) * r[None, :], 0)
+        db += gy
+        dw += gy * (x - mean[None, :])  # gy is 0 wherever x is masked
+    r = tl.rsqrt(tl.load(var_ptr + cols, mask=in_c, other=1.0) + eps)
+    tl.store(part_ptr + split * C + cols, tl.sum(db, 0), mask=in_c)
+    tl.store(part_ptr + (tl.num_programs(1) + split) * C + cols, tl.sum(dw, 0) * r, mask=in_c)
+
+
+@triton.jit
+def _bn_grad_input_kernel(gy_ptr, x_ptr, pad_ptr, dx_ptr, part_ptr, S, gmean_ptr, gvar_ptr,
+                          mean_ptr, var_ptr, count_ptr, w_ptr, dw_ptr, db_ptr, N, C, B, pad_sb,
+                          pad_st, split_rows, eps, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
+                          PARAM_GRADS: tl.constexpr, BATCH_STATS: tl.constexpr,
+                          HAS_GMEAN: tl.constexpr, HAS_GVAR: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK: tl.constexpr):
+    # merge dβ, dγ of these channels (split 0 stores them), then with batch statistics the total
+    # gradients ∂L/∂μ_B = gmean − r·γ·dβ, ∂L/∂σ²_B = gvar − ½ r²·γ·dγ (r = 1/sqrt(σ²_B + ε)) and
+    # ∂L/∂x = m·(γ·gy·r + (∂L/∂μ_B)/n + 2 (∂L/∂σ²_B)(x − μ_B)/n) over this split's rows
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_c = cols < C
+    split = tl.program_id(1)
+    mean = tl.load(mean_ptr + cols, mask=in_c, other=0.0)
+    r = tl.rsqrt(tl.load(var_ptr + cols, mask=in_c, other=1.0) + eps)
     if AFFINE:
-        tl.store(dw_ptr + cols, dw, mask=in_c)
-        tl.store(db_ptr + cols, db, mask=in_c)
         w = tl.load(w_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
     else:
         w = tl.full([BLOCK_C], 1.0, dtype=tl.float32)
+    if AFFINE or BATCH_STATS:
+        db = sum_splits(part_ptr, S, C, cols, in_c, CHUNK)
+        dw = sum_splits(part_ptr + S * C, S, C, cols, in_c, CHUNK)
+    if PARAM_GRADS:
+        if split == 0:
+            tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=in_c)
+            tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=in_c)
     if BATCH_STATS:
-        gmu = -(w * db) * r  # the input kernel's order (γ·gy)·r: one real token cancels exactly
+        gmu = -(w * db) * r  # the order of γ·gy·r below: one real token cancels exactly
         gsig = -0.5 * r * r * w * dw
         if HAS_GMEAN:
             gmu += tl.load(gmean_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
         if HAS_GVAR:
             gsig += tl.load(gvar_ptr + cols, mask=in_c, other=0.0).to(tl.float32)
-        tl.store(gmu_ptr + cols, gmu, mask=in_c)
-        tl.store(gsig_ptr + cols, gsig, mask=in_c)
-
-
-@triton.jit
-def _bn_grad_input_kernel(gy_ptr, x_ptr, pad_ptr, dx_ptr, mean_ptr, var_ptr, w_ptr, gmu_ptr,
-                          gsig_ptr, count_ptr, N, C, B, pad_sb, pad_st, eps,
-                          HAS_PAD: tl.constexpr, AFFINE: tl.constexpr, BATCH_STATS: tl.constexpr,
-                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # ∂L/∂x = m·(γ·gy·r + (∂L/∂μ_B)/n + 2 (∂L/∂σ²_B)(x − μ_B)/n): ∂μ_B/∂x = m/n, ∂σ²_B/∂x = 2m(x − μ_B)/n
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    in_c = cols < C
-    real = _real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
-    ok = real[:, None] & in_c[None, :]
-    offs = rows[:, None] * C + cols[None, :]
-    gy = tl.load(gy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.load(var_ptr + cols, mask=in_c, other=1.0) + eps)
-    if AFFINE:
-        gy = gy * tl.load(w_ptr + cols, mask=in_c, other=0.0).to(tl.float32)[None, :]
-    dx = gy * r[None, :]
-    if BATCH_STATS:
-        x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + cols, mask=in_c, other=0.0)
         inv_n = 1.0 / tl.maximum(tl.load(count_ptr), 1.0)
-        gmu = tl.load(gmu_ptr + cols, mask=in_c, other=0.0)
-        gsig = tl.load(gsig_ptr + cols, mask=in_c, other=0.0)
-        dx += (gmu[None, :] + 2.0 * gsig[None, :] * (x - mean[None, :])) * inv_n
-    dx = tl.where(ok, dx, 0.0)
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=(rows < N)[:, None] & in_c[None, :])
+    start = split * split_rows
+    for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None] & in_c[None, :]
+        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+        dx = tl.load(gy_ptr + offs, mask=ok, other=0.0).to(tl.float32) * w[None, :] * r[None, :]
+        if BATCH_STATS:
+            x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+            dx += (gmu[None, :] + 2.0 * gsig[None, :] * (x - mean[None, :])) * inv_n
+        tl.store(dx_ptr + offs, tl.where(ok, dx, 0.0).to(dx_ptr.dtype.element_ty),
+                 mask=(rows < N)[:, None] & in_c[None, :])
 
 
-def _pad_args(pad_mask: Optional[torch.Tensor], x: torch.Tensor):
-    """(pointer tensor, stride over b, stride over t) of a B×T bool mask, read in place."""
-    if pad_mask is None:
-        return x, 0, 0  # a never-read pointer: HAS_PAD is off
-    pad = pad_mask if pad_mask.dtype == torch.bool else pad_mask.to(torch.bool)
-    return pad.view(torch.uint8), pad.stride(0), pad.stride(1)
-
-
-def _reduce_grid(C):
-    return (triton.cdiv(C, REDUCE_COLS),)
-
-
-def _tile_grid(N, C):
-    return (triton.cdiv(N, TILE_ROWS), triton.cdiv(C, TILE_COLS))
-
-
-def _batch_moments(x2, pad, has_pad, B, sync):
-    """(mean, var, count) of the real rows of x2 (N×C), float32, over every worker when ``sync``."""
+def _grid(x2):
+    """(grid, rows per split, splits) of the channel blocks × row splits of an N×C input."""
     N, C = x2.shape
-    pad_t, sb, st = pad
-    mean = torch.empty(C, device=x2.device, dtype=torch.float32)
-    var = torch.empty_like(mean)
-    count = torch.empty((), device=x2.device, dtype=torch.float32)
-    common = dict(HAS_PAD=has_pad, BLOCK_R=REDUCE_ROWS, BLOCK_C=REDUCE_COLS)
-    if not sync:
-        _bn_stats_kernel[_reduce_grid(C)](x2, pad_t, mean, var, count, N, C, B, sb, st,
-                                          SUM_PASS=True, M2_PASS=True, **common)
-        return mean, var, count
-    # the same two passes as the torch path: Σx and n summed over workers, then Σ (x − μ)²/n
-    _bn_stats_kernel[_reduce_grid(C)](x2, pad_t, mean, var, count, N, C, B, sb, st,
-                                      SUM_PASS=True, M2_PASS=False, **common)
-    sums = torch.cat([mean * count, count.reshape(1)])
+    col_blocks = triton.cdiv(C, BLOCK_C)
+    split_rows, splits = split_plan(N, BLOCK_R, col_blocks, x2.device)
+    return (col_blocks, splits), split_rows, splits
+
+
+def empty_grads(x, weight):
+    """Uninitialised (∂L/∂x, ∂L/∂γ, ∂L/∂β): contiguous like x; like γ, or empty without γ."""
+    param = x.new_empty(0) if weight is None else torch.empty_like(weight)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), param, torch.empty_like(param)
+
+
+def _synced_moments(part, cnt):
+    """The (mean, M2) and count of the real rows of every worker as one split: Σx and n
+    all-reduced, then each split's M2 moved to the global mean and all-reduced."""
+    local_mean, local_m2 = part.unbind(0)
+    sums = torch.cat([(cnt[:, None] * local_mean).sum(0), cnt.sum().reshape(1)])
     dist.all_reduce(sums)
-    count = sums[-1].contiguous()
-    mean = (sums[:-1] / count.clamp(min=1)).contiguous()
-    _bn_stats_kernel[_reduce_grid(C)](x2, pad_t, mean, var, count, N, C, B, sb, st,
-                                      SUM_PASS=False, M2_PASS=True, **common)
-    dist.all_reduce(var)
-    return mean, var, count
+    count = sums[-1:]
+    mean = sums[:-1] / count.clamp(min=1)
+    m2 = (local_m2 + cnt[:, None] * (local_mean - mean).square()).sum(0)
+    dist.all_reduce(m2)
+    return torch.stack([mean, m2])[:, None], count
 
 
-class _BatchNormFunction(torch.autograd.Function):
-    """Masked BatchNorm forward and backward; returns (y, μ_B, σ²_B) with batch statistics so
-    that a loss on μ_B and σ²_B (the RBN penalty) gets its gradient in the same backward."""
+@torch.library.custom_op("normplug::batch_norm_forward",
+                         mutates_args=("running_mean", "running_var", "num_batches_tracked"))
+def _forward(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+             bias: Optional[torch.Tensor], running_mean: torch.Tensor, running_var: torch.Tensor,
+             num_batches_tracked: torch.Tensor, eps: float, momentum: float, batch_stats: bool,
+             update_running: bool, sync: bool
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, μ, σ², n): the statistics that normalised x (the batch's, or the running ones) and the
+    number of real tokens (0 without batch statistics)."""
+    T, B, C = x.shape
+    x2 = x.contiguous().view(T * B, C)
+    pad_t, sb, st = pad_args(pad_mask, x2)
+    grid, split_rows, splits = _grid(x2)
+    part = torch.empty(2, splits, C, device=x.device, dtype=torch.float32)  # per split: mean, M2
+    cnt = torch.empty(splits, device=x.device, dtype=torch.float32)
+    common = dict(HAS_PAD=pad_mask is not None, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    if batch_stats:
+        _bn_stats_kernel[grid](x2, pad_t, part, cnt, T * B, C, B, sb, st, split_rows, **common)
+        if sync:
+            part, cnt = _synced_moments(part, cnt)
+    mean = torch.empty(C, device=x.device, dtype=torch.float32)
+    var = torch.empty_like(mean)
+    count = torch.empty((), device=x.device, dtype=torch.float32)
+    y = torch.empty_like(x2)
+    _bn_apply_kernel[grid](x2, pad_t, y, part, cnt, part.shape[1], mean, var, count, weight, bias,
+                           running_mean, running_var, num_batches_tracked, T * B, C, B, sb, st,
+                           split_rows, eps, momentum, AFFINE=weight is not None,
+                           BATCH_STATS=batch_stats, UPDATE_RUNNING=update_running,
+                           CHUNK=SPLIT_CHUNK, **common)
+    return y.view(T, B, C), mean, var, count
+
+
+@_forward.register_fake
+def _(x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked, eps, momentum,
+      batch_stats, update_running, sync):
+    stat = x.new_empty(x.shape[-1], dtype=torch.float32)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), stat, torch.empty_like(stat),
+            x.new_empty((), dtype=torch.float32))
+
+
+@torch.library.custom_op("normplug::batch_norm_backward", mutates_args=())
+def _backward(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Optional[torch.Tensor],
+              x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+              mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, eps: float,
+              batch_stats: bool, sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(∂L/∂x, ∂L/∂γ, ∂L/∂β) from the gradients of y, μ_B and σ²_B (empty γ, β grads without affine)."""
+    T, B, C = x.shape
+    x2, gy2 = x.contiguous().view(T * B, C), gy.contiguous().view(T * B, C)
+    pad_t, sb, st = pad_args(pad_mask, x2)
+    grid, split_rows, splits = _grid(x2)
+    affine = weight is not None
+    common = dict(HAS_PAD=pad_mask is not None, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    part = torch.empty(2, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ
+    if affine or batch_stats:
+        _bn_grad_sums_kernel[grid](gy2, x2, pad_t, mean, var, part, T * B, C, B, sb, st,
+                                   split_rows, eps, **common)
+    dx, dw, db = empty_grads(x, weight)
+    if sync and batch_stats:
+        # μ_B and σ²_B are every worker's: the merge sees the sums over workers (gmean, gvar
+        # included); γ and β get this worker's sums, as on the torch path
+        local = part.sum(1)
+        zeros = torch.zeros_like(local[0])
+        both = torch.cat([local, torch.stack([zeros if g is None else g for g in (gmean, gvar)])])
+        dist.all_reduce(both)
+        part, gmean, gvar = both[:2, None], both[2], both[3]
+        if affine:
+            db.copy_(local[0])
+            dw.copy_(local[1])
+    _bn_grad_input_kernel[grid](gy2, x2, pad_t, dx, part, part.shape[1], gmean, gvar, mean, var, count,
+                                weight, dw, db, T * B, C, B, sb, st, split_rows, eps, AFFINE=affine,
+                                PARAM_GRADS=affine and not (sync and batch_stats),
+                                BATCH_STATS=batch_stats, HAS_GMEAN=gmean is not None,
+                                HAS_GVAR=gvar is not None, CHUNK=SPLIT_CHUNK, **common)
+    return dx, dw, db
+
+
+@_backward.register_fake
+def _(gy, gmean, gvar, x, pad_mask, weight, mean, var, count, eps, batch_stats, sync):
+    return empty_grads(x, weight)
+
+
+class _BatchNorm(torch.autograd.Function):
+    """The two ops as one differentiable function of (x, γ, β) returning (y, μ, σ², n); μ and σ²
+    are differentiable with batch statistics, so that the RBN penalty gets its gradient."""
 
     @staticmethod
     def forward(ctx, x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked,
                 eps, momentum, batch_stats, update_running, sync):
-        T, B, C = x.shape
-        x2 = x.contiguous().view(T * B, C)
-        pad = _pad_args(pad_mask, x2)
-        if batch_stats:
-            mean, var, count = _batch_moments(x2, pad, pad_mask is not None, B, sync)
-        else:
-            mean, var, count = running_mean.float(), running_var.float(), None
-        y = torch.empty_like(x2)
-        affine = weight is not None
-        _bn_apply_kernel[_tile_grid(T * B, C)](
-            x2, pad[0], y, mean, var, weight, bias, count, running_mean, running_var,
-            num_batches_tracked, T * B, C, B, pad[1], pad[2], eps, momentum,
-            HAS_PAD=pad_mask is not None, AFFINE=affine, UPDATE_RUNNING=update_running,
-            BLOCK_R=TILE_ROWS, BLOCK_C=TILE_COLS)
-        ctx.save_for_backward(x2, pad_mask, weight, mean, var, count)
-        ctx.eps, ctx.batch_stats, ctx.sync, ctx.shape = eps, batch_stats, sync, x.shape
+        y, mean, var, count = _forward(x, pad_mask, weight, bias, running_mean, running_var,
+                                       num_batches_tracked, eps, momentum, batch_stats,
+                                       update_running, sync)
+        ctx.save_for_backward(x, pad_mask, weight, mean, var, count)
+        ctx.options = (eps, batch_stats, sync)
         ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(count)
         if not batch_stats:
-            return y.view(T, B, C), None, None
-        return y.view(T, B, C), mean, var
+            ctx.mark_non_differentiable(mean, var)
+        return y, mean, var, count
 
     @staticmethod
-    def backward(ctx, gy, gmean, gvar):
-        x2, pad_mask, weight, mean, var, count = ctx.saved_tensors
-        N, C = x2.shape
-        B = ctx.shape[1]
-        if gy is None:
-            gy = torch.zeros_like(x2)
-        gy = gy.contiguous().view(N, C)
-        pad = _pad_args(pad_mask, x2)
-        affine = weight is not None
-        dw = torch.empty(C, device=x2.device, dtype=torch.float32) if affine else None
-        db = torch.empty_like(dw) if affine else None
-        gmu = torch.empty(C, device=x2.device, dtype=torch.float32) if ctx.batch_stats else None
-        gsig = torch.empty_like(gmu) if ctx.batch_stats else None
-        flags = dict(HAS_PAD=pad_mask is not None, AFFINE=affine, BATCH_STATS=ctx.batch_stats)
-        _bn_grad_sums_kernel[_reduce_grid(C)](
-            gy, x2, pad[0], mean, var, weight, gmean, gvar, dw, db, gmu, gsig, N, C, B,
-            pad[1], pad[2], ctx.eps, HAS_GMEAN=gmean is not None, HAS_GVAR=gvar is not None,
-            BLOCK_R=REDUCE_ROWS, BLOCK_C=REDUCE_COLS, **flags)
-        if ctx.sync and ctx.batch_stats:
-            # μ_B and σ²_B are shared by every worker: their gradients are summed over workers
-            both = torch.cat([gmu, gsig])
-            dist.all_reduce(both)
-            gmu, gsig = both[:C], both[C:]
-        dx = torch.empty_like(gy)
-        _bn_grad_input_kernel[_tile_grid(N, C)](
-            gy, x2, pad[0], dx, mean, var, weight, gmu, gsig, count, N, C, B, pad[1], pad[2],
-            ctx.eps, BLOCK_R=TILE_ROWS, BLOCK_C=TILE_COLS, **flags)
-        if affine:
-            dw, db = dw.to(weight.dtype), db.to(weight.dtype)
-        return dx.view(ctx.shape), None, dw, db, None, None, None, None, None, None, None, None
+    def backward(ctx, gy, gmean, gvar, _gcount):
+        x, pad_mask, weight, mean, var, count = ctx.saved_tensors
+        if gy is None:  # a loss on the statistics alone
+            gy = torch.zeros_like(x)
+        dx, dw, db = _backward(gy, gmean, gvar, x, pad_mask, weight, mean, var, count, *ctx.options)
+        if weight is None:
+            dw = db = None
+        return dx, None, dw, db, None, None, None, None, None, None, None, None
 
 
 def batch_norm(x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked, *,
@@ -285,9 +389,9 @@ def batch_norm(x, pad_mask, weight, bias, running_mean, running_var, num_batches
                sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Masked BatchNorm of T×B×C ``x`` in fused kernels: (y, mean, var) where mean and var
     are the batch statistics (differentiable) or, without ``batch_stats``, the running ones."""
-    y, mean, var = _BatchNormFunction.apply(
-        x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked,
-        eps, momentum, batch_stats, update_running, sync)
+    y, mean, var, _ = _BatchNorm.apply(x, pad_mask, weight, bias, running_mean, running_var,
+                                       num_batches_tracked, eps, momentum, batch_stats,
+                                       update_running, sync)
     if not batch_stats:
         return y, running_mean, running_var
     return y, mean, var
