@@ -28,8 +28,8 @@ from ..errors import NormplugError
 from ..norms import BatchStatNorm
 from .config import model_config
 from .norm_model import NormModel
-from .norm_plan import SITE_ATTRIBUTES, NormPlan, site_name
-from .options import NormOptions, add_option_args
+from .norm_plan import SITE_ATTRIBUTES, STACK_SITES, NormPlan, site_name
+from .options import add_option_args, options_for
 
 
 def init_attention(attn, scheme):
@@ -224,19 +224,20 @@ def _rename_final_norm(state_dict, name):
 
 
 # fairseq-train's flags and fairseq-hydra-train's `model.*` keys: fairseq's Transformer's, and ours
-NormTransformerConfig = model_config("NormTransformerConfig", TransformerConfig, NormOptions)
+TranslationNormOptions = options_for("TranslationNormOptions", STACK_SITES)
+NormTransformerConfig = model_config("NormTransformerConfig", TransformerConfig, TranslationNormOptions)
 
 
 @register_model("norm_transformer", dataclass=NormTransformerConfig)
 class NormTransformerModel(NormModel, TransformerModel):
     """Transformer whose every norm site comes from the normplug registry."""
 
-    options = NormOptions
+    options = TranslationNormOptions
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)  # fairseq's flags, from its TransformerConfig
-        add_option_args(parser, NormOptions)
+        add_option_args(parser, TranslationNormOptions)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

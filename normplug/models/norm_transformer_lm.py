@@ -29,7 +29,7 @@ from ..errors import NormplugError
 from .config import model_config
 from .norm_model import NormModel
 from .norm_transformer import NormTransformerDecoder
-from .options import DecoderNormOptions, add_option_args
+from .options import add_option_args, options_for
 
 
 def lm_base_architecture(args):
@@ -41,20 +41,22 @@ def lm_base_architecture(args):
 
 
 # fairseq-train's flags and fairseq-hydra-train's `model.*` keys: fairseq's transformer_lm's, and ours
+# for the decoder's sites (no cross-attention)
+LMNormOptions = options_for("LMNormOptions", {"decoder": ("self_attn", "ffn", "final")})
 NormTransformerLMConfig = model_config("NormTransformerLMConfig", TransformerLanguageModelConfig,
-                                       DecoderNormOptions)
+                                       LMNormOptions)
 
 
 @register_model("norm_transformer_lm", dataclass=NormTransformerLMConfig)
 class NormTransformerLanguageModel(NormModel, TransformerLanguageModel):
     """Transformer language model whose every norm site comes from the normplug registry."""
 
-    options = DecoderNormOptions
+    options = LMNormOptions
 
     @classmethod
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
-        add_option_args(parser, DecoderNormOptions)
+        add_option_args(parser, LMNormOptions)
 
     @classmethod
     def build_modules(cls, args, task):

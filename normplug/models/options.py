@@ -8,7 +8,7 @@ when a flag is parsed, and when a model is built from a config that came through
 and the norm keyword it feeds.
 """
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Optional, get_args
 
 from fairseq.dataclass import FairseqDataclass
@@ -26,28 +26,10 @@ def _option(help, choices=None, valid=None, norm_keyword=None):
                                          "norm_keyword": norm_keyword})
 
 
-def _norm(help):
-    return _option(help, choices=norm_names)
-
-
-def _site(stack, site):
-    return _norm(f"override the {stack} {site} site (default: --{stack}-norm)")
-
-
-def _ffn_init(stack):
-    return _option(f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
-                   "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)",
-                   choices=("pytorch", "xavier"))
-
-
 @dataclass
-class DecoderNormOptions(FairseqDataclass):
-    """The options of a decoder-only model (the language model)."""
+class NormOptions(FairseqDataclass):
+    """The options every plugin model has; :func:`options_for` adds those of its stacks and sites."""
 
-    decoder_norm: Optional[str] = _norm(f"norm at every decoder site; one of {', '.join(norm_names())}")
-    decoder_self_attn_norm: Optional[str] = _site("decoder", "self-attn")
-    decoder_ffn_norm: Optional[str] = _site("decoder", "ffn")
-    decoder_final_norm: Optional[str] = _site("decoder", "final")
     norm_eps: Optional[float] = _option("epsilon of every plugin norm (default: each norm's own)",
                                         valid=(lambda v: v > 0, "> 0"), norm_keyword="eps")
     bn_momentum: Optional[float] = _option("running-statistics momentum of batch norms (default 0.05)",
@@ -79,7 +61,6 @@ class DecoderNormOptions(FairseqDataclass):
         "attention projections: fairseq's Xavier init (default), or kaiming: nn.Linear's default weights "
         "(kaiming_uniform, a=sqrt(5)) with zero biases, as Xu et al.'s --init_method km",
         choices=("fairseq", "kaiming"))
-    decoder_ffn_init: Optional[str] = _ffn_init("decoder")
     norm_impl: Optional[str] = _option("fused norms' implementation: torch code, Triton kernels, or auto "
                                        "(default): Triton for CUDA tensors when triton imports",
                                        choices=IMPLS, norm_keyword="impl")
@@ -87,16 +68,21 @@ class DecoderNormOptions(FairseqDataclass):
                                             "each shape are slower)")
 
 
-@dataclass
-class NormOptions(DecoderNormOptions):
-    """The options of an encoder-decoder model: the decoder's, the encoder's and cross-attention's."""
-
-    encoder_norm: Optional[str] = _norm(f"norm at every encoder site; one of {', '.join(norm_names())}")
-    encoder_self_attn_norm: Optional[str] = _site("encoder", "self-attn")
-    encoder_ffn_norm: Optional[str] = _site("encoder", "ffn")
-    encoder_final_norm: Optional[str] = _site("encoder", "final")
-    decoder_cross_attn_norm: Optional[str] = _site("decoder", "cross-attn")
-    encoder_ffn_init: Optional[str] = _ffn_init("encoder")
+def options_for(name, stack_sites):
+    """The options of a model whose stacks have these norm sites ({"decoder": ("self_attn", ...)}):
+    NormOptions and, per stack, ``{stack}_norm`` (every site), ``{stack}_{site}_norm`` (one site)
+    and ``{stack}_ffn_init``."""
+    specs = []
+    for stack, sites in stack_sites.items():
+        every = f"norm at every {stack} site; one of {', '.join(norm_names())}"
+        specs.append((f"{stack}_norm", Optional[str], _option(every, choices=norm_names)))
+        specs += [(f"{stack}_{site}_norm", Optional[str],
+                   _option(f"override the {stack} {site.replace('_', '-')} site (default: --{stack}-norm)",
+                           choices=norm_names)) for site in sites]
+        ffn_init = (f"{stack} FFN layers: pytorch: nn.Linear's default init (fairseq 0.12's, the default); "
+                    "xavier: Xavier-uniform weights and zero biases (fairseq <= 0.10's Linear)")
+        specs.append((f"{stack}_ffn_init", Optional[str], _option(ffn_init, choices=("pytorch", "xavier"))))
+    return make_dataclass(name, specs, bases=(NormOptions,))
 
 
 # option -> the norm keyword it feeds (only norms that take it get it)
