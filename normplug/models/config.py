@@ -16,7 +16,8 @@ from typing import Optional
 from fairseq.models import register_model_architecture
 from omegaconf import OmegaConf
 
-# BASE layers keep fairseq's defaults: fairseq's trainer reads base_layers from the model's config
+# The BASE-layer fields keep fairseq's defaults: its trainer compares the model config's base_layers
+# with 0, and its LM base architecture would fill base_shuffle, an int field, with False
 KEEP_DEFAULTS = {"base_layers", "base_sublayers", "base_shuffle"}
 
 
