@@ -6,7 +6,6 @@ console script on one and on several of its checkpoints; its numbers are
 checked against an independent computation, by hand, from the inputs the
 norm layers receive; and each user error gives one line and exit code 2.
 """
-import argparse
 import csv
 import math
 import os
@@ -252,9 +251,8 @@ def test_numbers_equal_an_independent_computation(bn_run, tiny_data, tmp_path, m
 def _no_bn_checkpoint(src, dst):
     """The BN checkpoint turned into an all-LayerNorm one (same parameters)."""
     state = torch.load(src)
-    args = state["cfg"]["model"]
-    assert isinstance(args, argparse.Namespace)
-    args.encoder_self_attn_norm = args.encoder_ffn_norm = "layer"
+    model = state["cfg"]["model"]  # the model's dataclass, as a dict
+    model["encoder_self_attn_norm"] = model["encoder_ffn_norm"] = "layer"
     state["model"] = {k: v for k, v in state["model"].items()
                       if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
     torch.save(state, dst)
@@ -264,7 +262,7 @@ def _no_bn_checkpoint(src, dst):
 def _bad_momentum_checkpoint(src, dst):
     """The BN checkpoint with a BN momentum no model can be built with."""
     state = torch.load(src)
-    state["cfg"]["model"].bn_momentum = 5.0
+    state["cfg"]["model"]["bn_momentum"] = 5.0
     torch.save(state, dst)
     return dst
 

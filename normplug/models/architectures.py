@@ -15,16 +15,17 @@ with ``_prenorm`` and ``--attention-dropout 0.1 --activation-dropout 0.1`` it is
   encoder's final norm with a warm-up of 1000 updates; LayerNorm elsewhere (Shen et al.'s
   release, ``train-iwslt14.sh power power layer layer``).
 
-Every flag an architecture sets is a default: command-line flags win. The language-model
-architectures (architectures_lm.py) are built from the same KINDS.
+Every option an architecture sets is a default: a flag or a hydra ``model.*`` key wins. The bare
+``norm_transformer`` is fairseq's base Transformer, LayerNorm at every site unless the options say
+otherwise. The language-model architectures (architectures_lm.py) are built from the same KINDS.
 """
-from fairseq.models import register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
-    base_architecture,
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
     transformer_wmt_en_de,
 )
+
+from .config import register_architecture
 
 MODEL = "norm_transformer"
 
@@ -58,7 +59,7 @@ def _translation_defaults(kind):
 
 
 def set_defaults(args, defaults):
-    """Each flag that the command line left unset gets its default."""
+    """Each option left unset gets its default."""
     for flag, value in defaults.items():
         if getattr(args, flag, None) is None:
             setattr(args, flag, value)
@@ -79,11 +80,5 @@ for _shape, _shape_fn in SHAPES.items():
     for _kind in KINDS:
         for _prenorm in (False, True):
             _name = f"{_shape}_{_kind}" + ("_prenorm" if _prenorm else "")
-            ARCHITECTURES[_name] = register_model_architecture(MODEL, _name)(
+            ARCHITECTURES[_name] = register_architecture(MODEL, _name)(
                 _make_architecture(_shape_fn, _translation_defaults(_kind), _prenorm))
-
-
-@register_model_architecture(MODEL, MODEL)
-def norm_transformer(args):
-    """The stock base Transformer; norms come from the flags (LayerNorm by default)."""
-    base_architecture(args)

@@ -37,22 +37,15 @@ What differs from the reference, beyond the norms:
   warm-up, cosine decay to 0 (PTB 20k steps, segments of 32, batch 120; WikiText-103 200k
   steps, segments of 80, batch 60), clip 0.25.
 
-Every flag an architecture sets is a default: command-line flags win.
+Every option an architecture sets is a default: a flag or a hydra ``model.*`` key wins. The bare
+``norm_transformer_lm`` is fairseq's ``transformer_lm`` shape, Post-Norm unless
+``--decoder-normalize-before``, LayerNorm at every site unless the options say otherwise.
 """
-from fairseq.models import register_model_architecture
-from fairseq.models.transformer_lm import base_lm_architecture
-
 from .architectures import KINDS, set_defaults
+from .config import register_architecture
+from .norm_transformer_lm import lm_base_architecture
 
 MODEL = "norm_transformer_lm"
-
-
-def lm_base_architecture(args):
-    """fairseq's ``base_lm_architecture`` with ``--decoder-normalize-before`` honoured:
-    fairseq's forces Pre-Norm; here Post-Norm unless the flag is given."""
-    normalize_before = getattr(args, "decoder_normalize_before", None) or False
-    base_lm_architecture(args)
-    args.decoder_normalize_before = normalize_before
 
 
 def transformer_lm_ptb(args):
@@ -97,12 +90,5 @@ LM_ARCHITECTURES = {}
 for _shape, _shape_fn in LM_SHAPES.items():
     for _kind in KINDS:
         _name = f"{_shape}_{_kind}"
-        LM_ARCHITECTURES[_name] = register_model_architecture(MODEL, _name)(
+        LM_ARCHITECTURES[_name] = register_architecture(MODEL, _name)(
             _make_lm_architecture(_shape_fn, _lm_defaults(_kind)))
-
-
-@register_model_architecture(MODEL, MODEL)
-def norm_transformer_lm(args):
-    """fairseq's ``transformer_lm`` shape, Post-Norm unless --decoder-normalize-before; norms
-    come from the flags (LayerNorm by default)."""
-    lm_base_architecture(args)

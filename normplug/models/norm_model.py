@@ -10,24 +10,34 @@ from typing import Dict
 from fairseq.criterions import CRITERION_REGISTRY
 
 from ..norms import BatchStatNorm
-from .norm_plan import NormPlan, site_name
+from .config import given_options, run_group
+from .norm_plan import site_name
+from .options import check_options
 
 
 class NormModel:
     """Mixin for a fairseq model whose norms come from the normplug registry; put it
-    before the fairseq model class. A model class replaces :meth:`build_modules` when
-    fairseq's own ``build_model`` cannot build its norms."""
+    before the fairseq model class, and name its option dataclass (options.py) ``options``. A
+    model class replaces :meth:`build_modules` when fairseq's own ``build_model`` cannot build
+    its norms."""
+
+    options = None
 
     @classmethod
-    def build_model(cls, args, task):
-        NormPlan.from_config(args)  # every norm flag checked before anything is built
+    def build_model(cls, cfg, task):
+        args = given_options(cfg)  # the Namespace fairseq's model code reads, with our options
+        _, lr_scheduler = run_group(cfg, "lr_scheduler")
+        if args is not cfg and getattr(lr_scheduler, "warmup_updates", None) is not None:
+            args.warmup_updates = lr_scheduler.warmup_updates  # PowerNorm's default warm-up
+        check_options(args, cls.options)  # every option checked before anything is built
         model = cls.build_modules(args, task)
         # The criterion's own check of the model (RBN weights without BN, ...) runs here:
         # fairseq builds the model and the criterion before it starts its data threads,
         # and an error in the middle of training can abort the interpreter (README, Limitations).
-        check = getattr(CRITERION_REGISTRY.get(getattr(args, "criterion", None)), "check_model", None)
+        criterion, criterion_cfg = run_group(cfg, "criterion")
+        check = getattr(CRITERION_REGISTRY.get(criterion), "check_model", None)
         if check is not None:
-            check(args, model)
+            check(criterion_cfg, model)
         if getattr(args, "compile_norms", False):
             for norm in model.modules():
                 if hasattr(norm, "norm_name"):

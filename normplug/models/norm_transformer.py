@@ -16,13 +16,20 @@ import torch
 from torch import Tensor, nn
 
 from fairseq.models import register_model
-from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, TransformerModel
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoder,
+    TransformerEncoder,
+    TransformerModel,
+)
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..errors import NormplugError
 from ..norms import BatchStatNorm
+from .config import model_config
 from .norm_model import NormModel
-from .norm_plan import SITE_ATTRIBUTES, NormPlan, add_norm_args, site_name
+from .norm_plan import SITE_ATTRIBUTES, STACK_SITES, NormPlan, site_name
+from .options import add_option_args, options_for
 
 
 def init_attention(attn, scheme):
@@ -216,14 +223,21 @@ def _rename_final_norm(state_dict, name):
         state_dict[f"{name}.final_norm." + key[len(f"{name}.layer_norm."):]] = state_dict.pop(key)
 
 
-@register_model("norm_transformer")
+# fairseq-train's flags and fairseq-hydra-train's `model.*` keys: fairseq's Transformer's, and ours
+TranslationNormOptions = options_for("TranslationNormOptions", STACK_SITES)
+NormTransformerConfig = model_config("NormTransformerConfig", TransformerConfig, TranslationNormOptions)
+
+
+@register_model("norm_transformer", dataclass=NormTransformerConfig)
 class NormTransformerModel(NormModel, TransformerModel):
     """Transformer whose every norm site comes from the normplug registry."""
 
+    options = TranslationNormOptions
+
     @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
-        add_norm_args(parser)
+        super().add_args(parser)  # fairseq's flags, from its TransformerConfig
+        add_option_args(parser, TranslationNormOptions)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

@@ -21,35 +21,49 @@ from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
     TransformerLanguageModel,
     TransformerLanguageModelConfig,
+    base_lm_architecture,
 )
 from fairseq.modules import AdaptiveInput
 
 from ..errors import NormplugError
+from .config import model_config
 from .norm_model import NormModel
-from .norm_plan import add_norm_args
 from .norm_transformer import NormTransformerDecoder
-
-# the (stack, site) keys of norm_plan.SITES a language model has
-LM_SITES = (("decoder", "self_attn"), ("decoder", "ffn"), ("decoder", "final"))
+from .options import add_option_args, options_for
 
 
-@register_model("norm_transformer_lm")
+def lm_base_architecture(args):
+    """fairseq's ``base_lm_architecture`` with ``--decoder-normalize-before`` honoured:
+    fairseq's forces Pre-Norm; here Post-Norm unless the flag is given."""
+    normalize_before = getattr(args, "decoder_normalize_before", None) or False
+    base_lm_architecture(args)
+    args.decoder_normalize_before = normalize_before
+
+
+# fairseq-train's flags and fairseq-hydra-train's `model.*` keys: fairseq's transformer_lm's, and ours
+# for the decoder's sites (no cross-attention)
+LMNormOptions = options_for("LMNormOptions", {"decoder": ("self_attn", "ffn", "final")})
+NormTransformerLMConfig = model_config("NormTransformerLMConfig", TransformerLanguageModelConfig,
+                                       LMNormOptions)
+
+
+@register_model("norm_transformer_lm", dataclass=NormTransformerLMConfig)
 class NormTransformerLanguageModel(NormModel, TransformerLanguageModel):
     """Transformer language model whose every norm site comes from the normplug registry."""
 
+    options = LMNormOptions
+
     @classmethod
     def add_args(cls, parser):
-        # transformer_lm declares its flags as a dataclass, and fairseq hands such a model only
-        # that dataclass's fields; registered without one, this model gets the whole Namespace
-        # (plugin flags and criterion options included), as the translation model does
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
-        add_norm_args(parser, LM_SITES)
+        add_option_args(parser, LMNormOptions)
 
     @classmethod
     def build_modules(cls, args, task):
         # fairseq's TransformerLanguageModel.build_model constructs its decoder class inside the
         # method, so its steps before the decoder are repeated here (its asserts as one-line
         # errors), less character embeddings
+        lm_base_architecture(args)  # every architecture ends on it; the bare model name has none
         if getattr(args, "character_embeddings", False):
             raise NormplugError("norm_transformer_lm does not support --character-embeddings")
         if args.decoder_layers_to_keep:
