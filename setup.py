@@ -21,9 +21,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     packages=find_packages(include=["normplug", "normplug.*"]),
-    # what the plugin and its tools import; the recipes' and data scripts' packages
-    # are in requirements.txt. matplotlib only draws normplug-tid --plot.
-    install_requires=["torch>=2.0"],
+    # what the installed package imports: the plugin, its tools and the recipe driver (fairseq
+    # aside, see above); the data scripts' packages are in requirements.txt. matplotlib only
+    # draws normplug-tid --plot.
+    install_requires=["torch>=2.0", "PyYAML", "sacrebleu>=2.3", "sacremoses"],
     extras_require={"fairseq": [FAIRSEQ], "plot": ["matplotlib"], "test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": [

@@ -14,7 +14,7 @@ import torch
 
 from .common import (ToolError, add_data_args, atomic_path, check_data_args, checkpoint_info,
                      configure_logging, device_for, hook_norm_inputs, iterate_batches, load_model,
-                     numbered_checkpoints, raw_load, run_model, run_tool)
+                     need_fairseq, numbered_checkpoints, raw_load, run_model, run_tool)
 
 PROG = "normplug-average"
 
@@ -163,6 +163,8 @@ def main(argv=None):
         check_data_args(args)
         if args.data is not None and not args.reestimate_stats:
             raise ToolError("--data is only used with --reestimate-stats")
+        if args.reestimate_stats:
+            need_fairseq(f"{PROG} --reestimate-stats")
         paths = select_inputs(args)
         if os.path.realpath(args.output) in map(os.path.realpath, paths):
             raise ToolError(f"--output {args.output} is one of the inputs: "

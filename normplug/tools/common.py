@@ -5,10 +5,12 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional
 
 import torch
@@ -18,6 +20,28 @@ from ..errors import NormplugError
 
 class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
+
+
+# setup.py's fairseq extra; installed without its dependencies, which pull torchaudio and a second torch
+FAIRSEQ = "fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2"
+INSTALL_FAIRSEQ = f"pip install --no-deps --no-build-isolation {FAIRSEQ} (README: fairseq is not a dependency)"
+
+
+def need_fairseq(what: str):
+    """Refuse in one line, with the install command, where fairseq does not import."""
+    try:
+        import fairseq  # noqa: F401
+    except ImportError as err:
+        raise ToolError(f"{what} needs fairseq ({first_line(err)}): {INSTALL_FAIRSEQ}") from None
+
+
+def fairseq_exe(tool: str) -> str:
+    """``fairseq-train`` etc. next to the running interpreter, else from PATH."""
+    here = Path(sys.executable).parent / tool
+    found = str(here) if here.exists() else shutil.which(tool)
+    if not found:
+        raise ToolError(f"{tool} is neither next to {sys.executable} nor on PATH: {INSTALL_FAIRSEQ}")
+    return found
 
 
 def first_line(err: BaseException) -> str:

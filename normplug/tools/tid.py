@@ -23,7 +23,8 @@ import torch
 from ..norms import BatchStatNorm
 from ..norms.base import measure_discrepancy, real_tokens
 from .common import (ToolError, add_data_args, atomic_path, check_data_args, configure_logging, device_for,
-                     hook_norm_inputs, iterate_batches, load_model, numbered_checkpoints, run_model, run_tool)
+                     hook_norm_inputs, iterate_batches, load_model, need_fairseq, numbered_checkpoints, run_model,
+                     run_tool)
 
 PROG = "normplug-tid"
 
@@ -236,6 +237,7 @@ def main(argv=None):
     configure_logging(args.verbose)
 
     def body():
+        need_fairseq(PROG)
         if args.plot:  # before any work: matplotlib is an optional extra of the package
             try:
                 import matplotlib  # noqa: F401
