@@ -49,8 +49,8 @@ RESERVED_TRAIN = {
     "target-lang": "use the top-level key target_lang",
     "data": "use the top-level key data",
 }
-TYPE_NAMES = {int: "integer", float: "number", str: "string", dict: "mapping", list: "list",
-              bool: "true/false", type(None): "null"}
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a mapping", list: "a list",
+              bool: "true or false", type(None): "null"}
 
 
 class ConfigError(NormplugError):
@@ -113,8 +113,8 @@ def _checked(where: str, given: dict, spec: dict) -> dict:
             continue
         value = out[key] = given[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise ConfigError(f"{where}key {key!r} must be a {' or '.join(TYPE_NAMES[t] for t in types)}, "
-                              f"got {type(value).__name__} {value!r}")
+            names = " or ".join(TYPE_NAMES[t] for t in types if t is not int or float not in types)  # ints are numbers
+            raise ConfigError(f"{where}key {key!r} must be {names}, got {type(value).__name__} {value!r}")
     return out
 
 
@@ -131,8 +131,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_merged(path: Path, children=()) -> dict:
-    """A config's mapping with its ``base:`` chain merged in (the config's values win)."""
+def read_merged(path: Path, chain=()) -> dict:
+    """A config's mapping with its ``base:`` chain merged in (the config's values win); ``chain``: the
+    configs that led here, the one given first."""
+    chain = (*chain, path)
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except ConfigError as err:  # a duplicate key
@@ -147,9 +149,9 @@ def read_merged(path: Path, children=()) -> dict:
     base_path = path.parent / str(base)
     if not isinstance(base, str) or not base_path.is_file():
         raise ConfigError(f"{path}: base file {base_path} not found")
-    if base_path.resolve() in children:
-        raise ConfigError(f"{path}: base file {base_path} includes itself")
-    return merge(read_merged(base_path, (*children, path.resolve())), raw)
+    if base_path.resolve() in {p.resolve() for p in chain}:
+        raise ConfigError(f"{chain[0]}: its base files form a loop: {' -> '.join(map(str, (*chain, base_path)))}")
+    return merge(read_merged(base_path, chain), raw)
 
 
 def merge(base: dict, child: dict) -> dict:
