@@ -330,7 +330,8 @@ def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message)
     (lambda t: t + "colour: blue\n", r"unknown key 'colour' \(valid keys: name, "),
     (lambda t: t.replace("name: demo-bn", "name: demo/bn"), r"key 'name' must be a folder name"),
     (lambda t: t.replace("published: null", "published: high"),
-     r"key 'published' must be a integer or number or null, got str 'high'"),
+     r"key 'published' must be a number or null, got str 'high'$"),
+    (lambda t: t.replace("  beam: 5\n", "  beam: five\n"), r"evaluate: key 'beam' must be an integer, got str 'five'$"),
     (lambda t: t.replace("  seed: 1\n", "  save-dir: /tmp/x\n"), r"train: 'save-dir' may not be set here"),
     (lambda t: t.replace("  seed: 1\n", "  distributed_world_size: 4\n"),
      r"train: 'distributed_world_size' may not be set here: the driver's --gpus N sets it"),
@@ -338,7 +339,7 @@ def test_bad_language_model_config_gives_one_clear_line(tmp_path, edit, message)
     (lambda t: t.replace("  beam: 5\n", ""), r"evaluate: missing key 'beam' \(valid keys: "),
     (lambda t: t.replace("  beam: 5\n", "  beams: 5\n"), r"evaluate: unknown key 'beams'"),
     (lambda t: t.replace("  beam: 5\n", "  beam: 0\n"), r"evaluate: 'beam' must be >= 1"),
-    (lambda t: t.replace("  lowercase: false ", "  lowercase: 1 "), r"evaluate: key 'lowercase' must be a true/false"),
+    (lambda t: t.replace("  lowercase: false ", "  lowercase: 1 "), r"evaluate: key 'lowercase' must be true or false, got int 1$"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  checkpoint: best\n  average_last_epochs: 1 "),
      r"evaluate: set exactly one of .* got 'checkpoint' and 'average_last_epochs'"),
     (lambda t: t.replace("  average_last_epochs: 1 ", "  model_overrides: null "),
@@ -405,36 +406,94 @@ def test_bad_config_on_the_command_line(tmp_path, capsys):
     for command in ("train", "evaluate", "reproduce", "table", "argv", "check"):
         assert recipes.main([command, str(bad)]) == 2, command
         assert capsys.readouterr().err.splitlines() == [
-            f"normplug: error: {bad}: evaluate: missing key 'lenpen' "
+            f"normplug-recipe: error: {bad}: evaluate: missing key 'lenpen' "
             f"(valid keys: {', '.join(recipes.TRANSLATION_EVALUATE_KEYS)})"], command
+
+
+def test_without_fairseq_one_line_names_the_install_command(tmp_path, monkeypatch, capsys):
+    """fairseq is no dependency of the package (README): what needs it says how to install it."""
+    from normplug.errors import NormplugError
+    from normplug.tools.common import INSTALL_FAIRSEQ
+
+    with pytest.raises(NormplugError) as err:
+        recipes.fairseq_exe("fairseq-nonesuch")
+    assert str(err.value).endswith(f"nor on PATH: {INSTALL_FAIRSEQ}") and "pip install --no-deps" in INSTALL_FAIRSEQ
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    monkeypatch.setitem(sys.modules, "fairseq", None)  # import fairseq -> ImportError
+    assert recipes.main(["check", str(good)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("normplug-recipe: error: normplug-recipe check needs fairseq (") and \
+        line.endswith(INSTALL_FAIRSEQ)
+    assert recipes.main(["table", str(good), "--out", str(tmp_path / "out")]) == 0  # reading needs no fairseq
+
+
+def test_ctrl_c_stops_the_child_and_keeps_its_last_words_in_the_log(tmp_path):
+    """^C sent to the driver alone (``kill -INT``) stops its child too; what the child says then goes
+    to the log, not to the terminal (tests/test_reproduce.py: ^C from a terminal, end to end)."""
+    import time
+
+    child = [sys.executable, "-c", "import time\ntry:\n    print('ready', flush=True)\n    time.sleep(60)\n"
+                                   "except KeyboardInterrupt:\n    print('stopped')"]
+    echoed = []
+
+    def interrupt(line):
+        echoed.append(line)
+        raise KeyboardInterrupt
+
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        recipes.run_logged(child, tmp_path / "log", interrupt)
+    assert time.time() - t0 < 30 and echoed == ["ready\n"]
+    assert (tmp_path / "log").read_text() == "ready\nstopped\n"
 
 
 @pytest.mark.slow
 def test_the_module_runs_as_a_command(tmp_path):
     missing = _cli("train", tmp_path / "no.yaml")  # python -m normplug.recipes, as normplug-recipe
     assert missing.returncode == 2 and missing.stderr.splitlines() == [
-        f"normplug: error: {tmp_path / 'no.yaml'}: config file not found"]
+        f"normplug-recipe: error: {tmp_path / 'no.yaml'}: config file not found"]
 
 
-def test_check_refuses_a_missing_data_folder(tmp_path, capsys):
-    """`check` reads the data folder too: a missing one is one line naming it and the config."""
+def test_check_refuses_data_the_config_cannot_use(tmp_path, tiny_data, lm_data, capsys, config):
+    """`check` reads the data folder: missing, or without the dictionaries of the config's language
+    pair (dict.txt for a language model) or a binarized split it trains, validates or tests on, is
+    one line naming what is missing."""
     good = tmp_path / "good.yaml"
     good.write_text(GOOD)
     assert recipes.main(["check", str(good), "--data", str(tmp_path / "nowhere")]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"normplug: error: {good}: data folder {tmp_path / 'nowhere'} not found (prepare it, or pass --data DIR)"]
-    assert recipes.main(["check", str(good), "--data", str(tmp_path)]) == 0
+    assert capsys.readouterr().err.splitlines() == [f"normplug-recipe: error: {good}: data folder "
+                                                    f"{tmp_path / 'nowhere'} not found (prepare it, or pass --data DIR)"]
+    assert recipes.main(["check", str(good), "--data", str(tiny_data)]) == 0
     assert capsys.readouterr().out == f"{good}: ok (demo-bn, transformer_iwslt_de_en_bn)\n"
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    for name, lacks in (("dict.src.txt", "dict.src.txt"), ("dict.tgt.txt", "dict.tgt.txt"),
+                        ("valid.src-tgt.tgt.idx", "valid.src-tgt.tgt.idx"), ("test.src-tgt.src.bin", "test.src-tgt.src.bin")):
+        (data / name).rename(data / (name + ".away"))
+        assert recipes.main(["check", str(good), "--data", str(data)]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"normplug-recipe: error: {good}: data folder {data} lacks {lacks}, which the config reads (prepare "
+            "its data, or pass --data DIR)"]
+        (data / (name + ".away")).rename(data / name)
+    # the dictionaries of another pair: the issue's de-en config on src-tgt data
+    iwslt = load_config(config("xu"))
+    with pytest.raises(ConfigError, match=r"lacks dict\.de\.txt, dict\.en\.txt, train\.de-en\.de\.bin and 11 more, "):
+        recipes.check_data(iwslt, tiny_data)
+    lm = load_config(config("lm"))
+    recipes.check_data(lm, lm_data)
+    with pytest.raises(ConfigError, match=r"lacks dict\.txt, train\.bin, train\.idx and 4 more, which"):
+        recipes.check_data(lm, tiny_data)
 
 
 @pytest.mark.slow
-def test_bad_flag_on_the_command_line_writes_nothing(tmp_path):
+def test_bad_flag_on_the_command_line_writes_nothing(tmp_path, tiny_data):
     """A typo in a fairseq-train flag: one line, before a save dir or run record exists."""
     save, good = tmp_path / "run", tmp_path / "good.yaml"
     good.write_text(GOOD)
-    proc = _cli("train", good, "--data", tmp_path, "--save-dir", save, "--max-epochs", "3")
+    proc = _cli("train", good, "--data", tiny_data, "--save-dir", save, "--max-epochs", "3")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.splitlines() == [f"normplug: error: {good}: "
+    assert proc.stderr.splitlines() == [f"normplug-recipe: error: {good}: "
                                         "fairseq-train refuses its arguments: unrecognized arguments: "
                                         "--max-epochs 3"]
     assert not save.exists()
@@ -460,8 +519,11 @@ def test_a_config_merges_its_base_chain(tmp_path):
     assert r.evaluate == {**whole.evaluate, "beam": 4, "lenpen": 0.6}
     assert "--max-epoch" not in recipes.train_argv(r, gpu=False, exe=False)
     (tmp_path / "base" / "paper.yaml").write_text("base: dataset.yaml\n")
-    with pytest.raises(ConfigError, match=r"paper\.yaml: base file .*dataset\.yaml includes itself$"):
+    with pytest.raises(ConfigError) as err:  # a loop is reported from the config given, with its chain
         load_config(run)
+    base = tmp_path / "base"
+    assert str(err.value) == (f"{run}: its base files form a loop: {run} -> {base / 'dataset.yaml'} -> "
+                              f"{base / 'paper.yaml'} -> {base / 'dataset.yaml'}")
 
 
 # --------------------------------------------------------------------------- data and references
@@ -473,10 +535,10 @@ def _config_on(tmp_path, data, remove_bpe="null"):
     return path
 
 
-def test_data_made_with_another_bpe_is_refused(tmp_path, capsys):
+def test_data_made_with_another_bpe_is_refused(tmp_path, tiny_data, capsys):
     """prepare.json (scripts/prepare-*.sh) says which --remove-bpe the data needs."""
     data = tmp_path / "data"
-    data.mkdir()
+    shutil.copytree(tiny_data, data)
     config = _config_on(tmp_path, data, remove_bpe='"@@ "')
     recipes.check_data(load_config(config))  # no prepare.json: data made otherwise, no check
     (data / "prepare.json").write_text(json.dumps(
@@ -490,7 +552,7 @@ def test_data_made_with_another_bpe_is_refused(tmp_path, capsys):
     # on the command line: one error line, before any decoding
     capsys.readouterr()
     assert recipes.main(["evaluate", str(config), "--checkpoint-dir", str(tmp_path / "none")]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"normplug: error: {text}"]
+    assert capsys.readouterr().err.strip().splitlines() == [f"normplug-recipe: error: {text}"]
 
 
 def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
@@ -507,6 +569,7 @@ def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
         name: hashlib.sha256((tiny_data / name).read_bytes()).hexdigest()[:16] for name in ("dict.src.txt", "dict.tgt.txt")}}
     record = {"flags": recipes.merged_flags(recipe), "extra": [], "rc": 0, "seconds": 1.0, "gpus": 0, **identity}
     (run / recipes.RUN_RECORD).write_text(json.dumps(record))
+    (run / "checkpoint_last.pt").write_bytes(b"")
     said = []
     assert recipes.train(recipe, run, log=said.append) == 0
     assert said == [f"== demo-bn: reusing the finished run in {run}"]
@@ -534,6 +597,33 @@ def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
         recipes.train(recipe, run, data=other)
     (run / recipes.RUN_RECORD).write_text(json.dumps(record))
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before and len(said) == 2
+
+
+def test_only_a_run_with_checkpoints_binds_its_folder(tmp_path, tiny_data):
+    """A run that failed (or was stopped) before its first checkpoint leaves nothing that blocks the
+    next; once it has checkpoints, other data or other flags are refused (fairseq-train would resume
+    them), and evaluate refuses, in one line, a run whose config changed since (stale)."""
+    recipe = load_config(_config_on(tmp_path, tiny_data))
+    run, other = tmp_path / "run", tmp_path / "other"
+    shutil.copytree(tiny_data, other)
+    run.mkdir()
+    record = {"flags": recipes.merged_flags(recipe), "extra": [], "rc": 1, **recipes.data_identity(recipe, other)}
+    (run / recipes.RUN_RECORD).write_text(json.dumps(record))
+    assert recipes.prior_run(recipe, run, tiny_data, [])[0] is None
+    (run / "checkpoint1.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="holds a run on other data"):
+        recipes.prior_run(recipe, run, tiny_data, [])
+    assert recipes.prior_run(recipe, run, other, [])[0] == record
+    with pytest.raises(ConfigError) as err:
+        recipes.prior_run(recipe, run, other, ["--lr", "0.5", "--cpu"])
+    assert str(err.value) == (f"{run} holds a run with other fairseq-train flags (--lr 0.0015 -> 0.5, --cpu (unset) "
+                              "-> (set)): use another folder or remove that one")
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(GOOD.replace("  lr: 0.0015\n", "  lr: 0.001\n"))
+    with pytest.raises(ConfigError) as err:
+        recipes.evaluate(load_config(changed), run, data=other)
+    assert str(err.value) == (f"{run} is stale: trained with other flags than {changed} gives now (--lr 0.0015 -> "
+                              "0.001); train it again, or name a checkpoint to score with --checkpoint")
 
 
 def test_scores_record_their_data(tmp_path, tiny_data):

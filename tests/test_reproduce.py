@@ -230,46 +230,85 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert not (out / "tiny-never").exists()
 
 
+@pytest.mark.slow
+def test_ctrl_c_leaves_a_run_that_a_relaunch_resumes(tiny_data, tmp_path):
+    """^C (SIGINT to the process group, as a terminal sends it) after the first checkpoint: one line,
+    exit status 130, the table says interrupted; the same command resumes from checkpoint_last.pt."""
+    import signal
+    import time
+
+    config = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data)
+    out = tmp_path / "out"
+    save = out / "tiny-ln"
+    argv = [sys.executable, "-m", "normplug.recipes", "train", str(config), "--save-dir", str(save),
+            "--max-epoch", "10"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    log, deadline = save / "train.log", time.time() + 300
+    while not (log.exists() and "Saved checkpoint" in log.read_text()):  # written after checkpoint_last.pt
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130 and err.splitlines() == [
+        f"normplug-recipe: interrupted: fairseq-train stopped; the same command resumes it from checkpoint_last.pt ({save})"]
+    assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
+    assert table(out)[0][0]["status"] == "interrupted (a relaunch resumes it)"
+
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log.read_text())
+    assert (save / "checkpoint10.pt").exists()
+    assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
+    assert table(out)[0][0]["status"] == "trained, not evaluated"
+
+
 def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data, capsys):
     good = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.5, tiny_data)
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("  beam: 2\n", ""))
     assert recipes.main(["reproduce", str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
-    assert f"normplug: error: {bad}: evaluate: missing key 'beam'" in capsys.readouterr().err
+    assert f"normplug-recipe: error: {bad}: evaluate: missing key 'beam'" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny-ln").exists()
 
 
 def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
-    """--table-only reads scores and run records: full, shortened, stale, failed, not run."""
-    names = ["full", "short", "stale", "failed", "never", "unrecorded", "gpus", "synced"]
-    configs = {n: write_config(tmp_path, n, "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data)
-               for n in names}
+    """The table reads scores and run records: full, shortened, stale, failed, interrupted, trained but
+    not evaluated, not run."""
+    runs = {  # name: (the run record's extra arguments, its exit status, scores?); None: no run record
+        "full": ([], 0, True), "short": (["--max-update", "9"], 0, True), "stale": ([], 0, True),
+        "failed": ([], 1, False), "never": None, "unrecorded": True, "gpus": ([], 0, True),
+        "synced": (["--max-update", "9"], 0, True), "trained": ([], 0, False),
+        "interrupted": ([], None, False), "killed": ([], None, True)}
+    configs = {n: write_config(tmp_path, n, "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data) for n in runs}
     out = tmp_path / "out"
-    for name, extra in (("full", []), ("short", ["--max-update", "9"]), ("stale", []),
-                        ("failed", []), ("unrecorded", None), ("gpus", []), ("synced", ["--max-update", "9"])):
-        run = out / name
-        run.mkdir(parents=True)
-        (run / f"scores-{name}.json").write_text(json.dumps({
-            "tokenized_bleu": 1.25, "sacrebleu": 1.5, "sacrebleu_signature": "nrefs:1|x",
-            "sacrebleu_references": "cased references of the binarized test set",
-            "averaged": ["checkpoint4.pt", "checkpoint5.pt"]}))
-        if extra is None:
-            continue  # scores without a run record: trained by other means
-        recipe = recipes.load_config(configs[name])
-        flags = recipes.merged_flags(recipe, extra)
+    for name, run in runs.items():
+        (out / name).mkdir(parents=True)
+        if run is True or (run and run[2]):
+            (out / name / f"scores-{name}.json").write_text(json.dumps({
+                "tokenized_bleu": 1.25, "sacrebleu": 1.5, "sacrebleu_signature": "nrefs:1|x",
+                "sacrebleu_references": "cased references of the binarized test set",
+                "averaged": ["checkpoint4.pt", "checkpoint5.pt"]}))
+        if run in (None, True):
+            continue
+        extra, rc, _ = run
+        flags = recipes.merged_flags(recipes.load_config(configs[name]), extra)
         if name == "stale":
             flags["lr"] = ["0.5"]  # the config changed after the run
-        (run / recipes.RUN_RECORD).write_text(json.dumps(
-            {"flags": flags, "extra": extra, "rc": 1 if name == "failed" else 0, "seconds": 3.0,
+        (out / name / recipes.RUN_RECORD).write_text(json.dumps(
+            {"flags": flags, "extra": extra, "rc": rc, "seconds": 3.0, "interrupted": name == "interrupted",
              "gpus": {"gpus": 4, "synced": 2}.get(name, 1), "bn_sync_stats": name == "synced"}))
     assert recipes.main(["reproduce", "--table-only", *map(str, configs.values()), "--out", str(out)]) == 0
     rows, md = table(out)
     assert {r["config"]: r["status"] for r in rows} == {
         "full": "full", "short": "shortened (extra args: --max-update 9)",
-        "stale": "stale: the config changed after this run", "failed": "failed: fairseq-train exited 1",
-        "never": "not run", "unrecorded": "full (training not recorded)",
+        "stale": "stale: the config changed after this run (--lr 0.5 -> 0.001)",
+        "failed": "failed: fairseq-train exited 1", "never": "not run", "unrecorded": "full (training not recorded)",
         "gpus": "full, 4 GPUs, BN stats per GPU",
-        "synced": "shortened (extra args: --max-update 9), 2 GPUs, BN stats synced"}
+        "synced": "shortened (extra args: --max-update 9), 2 GPUs, BN stats synced",
+        "trained": "trained, not evaluated", "interrupted": "interrupted (a relaunch resumes it)",
+        "killed": "unfinished: training, or killed"}
     full = rows[0]
     assert (full["ours"], full["delta"], full["sacrebleu"], full["train_seconds"]) == \
         ("1.25", "0.25", "1.5", "3.0")
@@ -279,7 +318,7 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
     proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce", "--table-only",
                            str(configs["full"]), "--out", str(out), "--", "--lr", "1"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "normplug: error: --table-only trains nothing" in proc.stderr
+    assert proc.returncode == 2 and "normplug-recipe: error: --table-only trains nothing" in proc.stderr
 
 
 def test_table_of_language_model_rows(tmp_path, lm_data):

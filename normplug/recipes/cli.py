@@ -1,17 +1,18 @@
 """``normplug-recipe`` (``python -m normplug.recipes``): the driver's command line, where its errors
-become one line and an exit status (2: a bad config or option, 1: a failed run)."""
+become one line and an exit status (2: a bad config or option, 1: a failed run, 130: ^C)."""
 import argparse
 import shlex
 import sys
 
 from normplug.errors import NormplugError
+from normplug.tools.common import need_fairseq
 
 from .commands import check_flags, train_argv
 from .config import load_config
 from .runs import check_data, evaluate, train
 from .table import reproduce
 
-PROG = "normplug"
+PROG = "normplug-recipe"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args, extra) -> int:
+    if args.cmd != "table":
+        need_fairseq(f"{PROG} {args.cmd}")
     if args.cmd == "train":
         return train(load_config(args.config), extra=extra, data=args.data, gpus=args.gpus,
                      bn_sync_stats=args.bn_sync_stats)
@@ -85,3 +88,6 @@ def main(argv=None) -> int:
     except (NormplugError, RuntimeError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2 if isinstance(err, NormplugError) else 1
+    except KeyboardInterrupt as err:
+        print(f"{PROG}: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
+        return 130

@@ -3,15 +3,14 @@ import contextlib
 import io
 import logging
 import os
-import shutil
+import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import normplug
-from normplug.tools.common import atomic_path
+from normplug.tools.common import atomic_path, fairseq_exe
 
 from .config import ConfigError, Recipe
 
@@ -52,6 +51,14 @@ def merged_flags(recipe: Recipe, extra: Sequence[str] = ()) -> Dict[str, List[st
     return flags
 
 
+def flag_changes(old: Dict[str, List[str]], new: Dict[str, List[str]]) -> str:
+    """What differs from one set of fairseq-train flags to another: ``--lr 0.0005 -> 0.001, ...``."""
+    def said(flags, key):
+        return (" ".join(flags[key]) or "(set)") if key in flags else "(unset)"
+    return ", ".join(f"--{key} {said(old, key)} -> {said(new, key)}"
+                     for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key))
+
+
 def recipe_changes(extra: Sequence[str]) -> List[str]:
     """The extra fairseq-train arguments that change the recipe (``--save-dir`` does not)."""
     return [w for key, words in split_extra(extra) if key != "save-dir" for w in ("--" + key, *words)]
@@ -61,15 +68,6 @@ def use_gpu(gpu: Optional[bool] = None) -> bool:
     import torch
 
     return torch.cuda.is_available() if gpu is None else gpu
-
-
-def fairseq_exe(tool: str) -> str:
-    """``fairseq-train`` etc. next to the running interpreter, else from PATH."""
-    here = Path(sys.executable).parent / tool
-    found = str(here) if here.exists() else shutil.which(tool)
-    if not found:
-        raise ConfigError(f"{tool} is neither next to {sys.executable} nor on PATH; run `make setup` first")
-    return found
 
 
 def device_flags(flags: Dict[str, List[str]], gpus: int = 1, bn_sync_stats: bool = False,
@@ -182,18 +180,24 @@ def child_env(threads: Optional[int] = None) -> Dict[str, str]:
 
 
 def run_logged(argv, log_path=None, echo=None, env=None) -> Tuple[int, str]:
-    """Run a command, its stdout and stderr to ``log_path`` and, line by line, to ``echo``.
-    Returns (exit status, output)."""
+    """Run a command, its stdout and stderr appended to ``log_path`` (a relaunch continues its log) and,
+    line by line, given to ``echo``. Returns (exit status, output)."""
     lines = []
-    with open(log_path or os.devnull, "w", encoding="utf-8") as log:
+    with open(log_path or os.devnull, "a", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env or child_env(), bufsize=1)
-        for line in proc.stdout:
-            lines.append(line)
-            log.write(line)
-            log.flush()
-            if echo:
-                echo(line)
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                log.write(line)
+                log.flush()
+                if echo:
+                    echo(line)
+        except KeyboardInterrupt:  # a terminal's ^C reached the child too, a `kill -INT` of ours did not
+            proc.send_signal(signal.SIGINT)
+            log.write(proc.stdout.read())  # its last words go to the log, not the terminal
+            proc.wait()
+            raise
         rc = proc.wait()
     return rc, "".join(lines)
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import (check_flags, child_env, merged_flags, recipe_changes, run_checked, run_logged,
-                       split_extra, train_argv, write_atomic)
+from .commands import (check_flags, child_env, flag_changes, merged_flags, recipe_changes, run_checked,
+                       run_logged, split_extra, train_argv, write_atomic)
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
 from .scoring import SCORING
 
@@ -32,10 +32,13 @@ def data_identity(recipe: Recipe, data=None) -> Dict[str, object]:
 
 
 def check_record(recipe: Recipe, data, record_path: Path, what: str) -> Tuple[Optional[dict], dict]:
-    """:func:`check_data`, and a run or score on other data is never reused or overwritten (keys
-    a record lacks are not compared). Returns (the record, the data's identity)."""
+    """:func:`check_data`, and a run or score on other data is never reused or overwritten (keys a record
+    lacks are not compared). A run record binds only beside a checkpoint: a run that failed or was stopped
+    before its first left nothing to keep. Returns (the record, the data's identity)."""
     check_data(recipe, data)
     record, identity = read_json(record_path), data_identity(recipe, data)
+    if record_path.name == RUN_RECORD and not any(record_path.parent.glob("checkpoint*.pt")):
+        record = None
     if record is None or all(record[k] == v for k, v in identity.items() if k in record):
         return record, identity
     raise ConfigError(f"{record_path.parent} holds {what} on other data ({record.get('data')}, dictionaries "
@@ -43,38 +46,70 @@ def check_record(recipe: Recipe, data, record_path: Path, what: str) -> Tuple[Op
                       f"{identity['dictionaries']}): use another folder or remove that one")
 
 
+def missing_data(recipe: Recipe, folder: Path) -> List[str]:
+    """The files of the config's dictionaries and of the binarized splits it trains, validates and
+    tests on that ``folder`` lacks."""
+    splits = dict.fromkeys([recipe.train_value("train-subset") or "train",
+                            *str(recipe.train_value("valid-subset") or "valid").split(","),
+                            recipe.evaluate["gen_subset"]])
+    if recipe.task == "language_modeling":
+        wanted = [["dict.txt"]] + [[f"{s}.{ext}"] for s in splits for ext in ("bin", "idx")]
+    else:
+        src, tgt = recipe.source_lang, recipe.target_lang
+        wanted = [[f"dict.{src}.txt"], [f"dict.{tgt}.txt"]] + [
+            [f"{s}.{a}-{b}.{lang}.{ext}" for a, b in ((src, tgt), (tgt, src))]  # fairseq reads either pair
+            for s in splits for lang in (src, tgt) for ext in ("bin", "idx")]
+    return [names[0] for names in wanted if not any((folder / name).is_file() for name in names)]
+
+
 def check_data(recipe: Recipe, data=None):
-    """Refuse a missing data folder, and a ``remove_bpe`` other than the data's prepare.json records."""
+    """Refuse a data folder that is missing, made with another BPE than the config removes (its
+    prepare.json says), or lacks a file the config reads."""
     folder = recipe.data_path(data)
     if not folder.is_dir():
         raise ConfigError(f"{recipe.path}: data folder {folder} not found (prepare it, or pass --data DIR)")
     manifest = folder / "prepare.json"
-    if "remove_bpe" not in recipe.evaluate or not manifest.is_file():
-        return
-    try:
-        info = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read {manifest}: {' '.join(str(err).split())}") from None
-    if "remove_bpe" in info and info["remove_bpe"] != recipe.evaluate["remove_bpe"]:
-        ours, theirs = json.dumps(recipe.evaluate["remove_bpe"]), json.dumps(info["remove_bpe"])
-        raise ConfigError(f"{recipe.path}: evaluate: remove_bpe is {ours}, but the data needs {theirs} "
-                          f"({manifest}: bpe {info.get('bpe')}, {info.get('bpe_size')}); set "
-                          f"remove_bpe: {theirs} or prepare the data the config expects")
+    if "remove_bpe" in recipe.evaluate and manifest.is_file():
+        try:
+            info = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"cannot read {manifest}: {' '.join(str(err).split())}") from None
+        if "remove_bpe" in info and info["remove_bpe"] != recipe.evaluate["remove_bpe"]:
+            ours, theirs = json.dumps(recipe.evaluate["remove_bpe"]), json.dumps(info["remove_bpe"])
+            raise ConfigError(f"{recipe.path}: evaluate: remove_bpe is {ours}, but the data needs {theirs} "
+                              f"({manifest}: bpe {info.get('bpe')}, {info.get('bpe_size')}); set "
+                              f"remove_bpe: {theirs} or prepare the data the config expects")
+    missing = missing_data(recipe, folder)
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ConfigError(f"{recipe.path}: data folder {folder} lacks {', '.join(missing[:3])}{more}, which the "
+                          "config reads (prepare its data, or pass --data DIR)")
+
+
+def prior_run(recipe: Recipe, save_dir: Path, data, changes) -> Tuple[Optional[dict], dict, dict]:
+    """(the run in ``save_dir`` or None, the data's identity, the flags to train with); a run with
+    checkpoints trained with other flags is refused: fairseq-train would resume it with these."""
+    flags = merged_flags(recipe, changes)
+    run, identity = check_record(recipe, data, save_dir / RUN_RECORD, "a run")
+    if run and run.get("flags") != flags:
+        raise ConfigError(f"{save_dir} holds a run with other fairseq-train flags ({flag_changes(run.get('flags', {}), flags)}): "
+                          "use another folder or remove that one")
+    return run, identity, flags
 
 
 def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, gpus: int = 1,
           bn_sync_stats: bool = False, gpu: Optional[bool] = None, threads: Optional[int] = None,
           echo=lambda line: print(line, end="", flush=True), log=print) -> int:
     """fairseq-train into ``save_dir`` (train.log, run record), or nothing when a run there finished
-    with the same flags on the same data. Returns fairseq-train's exit status."""
+    with the same flags on the same data. Returns fairseq-train's exit status; ^C leaves a record
+    that a relaunch resumes."""
     for key, words in split_extra(extra):  # a --save-dir among the extra arguments wins
         if key == "save-dir" and words:
             save_dir = words[0]
     save_dir = Path(save_dir) if save_dir else recipe.default_save_dir()
     changes = recipe_changes(extra)
-    flags = merged_flags(recipe, changes)
-    run, identity = check_record(recipe, data, save_dir / RUN_RECORD, "a run")
-    if run and run.get("rc") == 0 and run.get("flags") == flags:
+    run, identity, flags = prior_run(recipe, save_dir, data, changes)
+    if run and run.get("rc") == 0:
         # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
         log(f"== {recipe.name}: reusing the finished run in {save_dir}")
         return 0
@@ -88,7 +123,13 @@ def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, g
     write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
     log("$ " + shlex.join(argv))
     t0 = time.time()
-    rc, _ = run_logged(argv, save_dir / "train.log", echo, child_env(threads))
+    try:
+        rc, _ = run_logged(argv, save_dir / "train.log", echo, child_env(threads))
+    except KeyboardInterrupt:
+        record.update(interrupted=True, seconds=round(time.time() - t0, 1))
+        write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+        then = "resumes it from checkpoint_last.pt" if (save_dir / "checkpoint_last.pt").exists() else "starts it again"
+        raise KeyboardInterrupt(f"fairseq-train stopped; the same command {then} ({save_dir})") from None
     record.update(rc=rc, seconds=round(time.time() - t0, 1))
     write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
     return rc
@@ -147,6 +188,11 @@ def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_gener
     t0 = time.time()
     scores_path = ckdir / f"scores-{recipe.name}.json"
     identity = check_record(recipe, data, scores_path, f"{scores_path.name}, scored")[1]
+    run = read_json(ckdir / RUN_RECORD)
+    changed = run and not checkpoint and flag_changes(run.get("flags", {}), merged_flags(recipe, run.get("extra", [])))
+    if changed:
+        raise ConfigError(f"{ckdir} is stale: trained with other flags than {recipe.path} gives now ({changed}); "
+                          "train it again, or name a checkpoint to score with --checkpoint")
     path, inputs = (Path(checkpoint), [Path(checkpoint)]) if checkpoint else choose_checkpoint(recipe, ckdir, log)
     scores = {"config": str(recipe.path), "name": recipe.name, "checkpoint": str(path),
               "checkpoint_choice": "given on the command line" if checkpoint else describe_choice(recipe.evaluate),

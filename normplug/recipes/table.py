@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .commands import check_flags, merged_flags, split_extra, train_argv, write_atomic
+from .commands import check_flags, flag_changes, merged_flags, recipe_changes, split_extra, train_argv, write_atomic
 from .config import ConfigError, Recipe, load_config
-from .runs import RUN_RECORD, check_record, describe_choice, evaluate, read_json, train
+from .runs import RUN_RECORD, describe_choice, evaluate, prior_run, read_json, train
 from .scoring import SCORING
 
 # scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
@@ -26,21 +26,26 @@ perplexity (↓, lower is better) a negative one. Also: sacreBLEU (below), or fa
 sliding-window perplexity, each window scoring its last tokens with `context` tokens before
 them (fairseq-eval-lm --context-window). Status:
 `full` = the config as written; `shortened (...)` = run with extra fairseq-train arguments
-(not comparable to the paper); `not run` = no scores in this folder yet; `stale` = scored,
-but the config or the data changed after the run; `failed: ...` = why; `N GPUs` = spread over
-N GPUs with update-freq / N, BN statistics per GPU or synced (--bn-sync-stats)."""
+(not comparable to the paper); `not run` = nothing in this folder yet; `trained, not evaluated`;
+`interrupted` = stopped, a relaunch resumes it; `stale` = the config changed after the run, or the
+scores are of other data; `failed: ...` = why; `N GPUs` = spread over N GPUs with update-freq / N,
+BN statistics per GPU or synced (--bn-sync-stats)."""
 
 
 def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> str:
-    """``not run``, ``failed: ...``, ``stale: ...``, ``shortened (...)`` or ``full``; then GPUs if several."""
-    if run is not None and run.get("rc") not in (0, None):
-        return f"failed: fairseq-train exited {run['rc']}"
-    if scores is None:
-        return "not run"
+    """What the run and scores of a row say: not run, interrupted, failed, stale, trained but not
+    evaluated, shortened or full; then the GPUs, if several."""
     if run is None:
-        return "full (training not recorded)"
-    if run.get("flags") != merged_flags(recipe, run.get("extra", [])):
-        status = "stale: the config changed after this run"
+        return "not run" if scores is None else "full (training not recorded)"
+    if run.get("rc") is None:
+        return "interrupted (a relaunch resumes it)" if run.get("interrupted") else "unfinished: training, or killed"
+    if run["rc"] != 0:
+        return f"failed: fairseq-train exited {run['rc']}"
+    changed = flag_changes(run.get("flags", {}), merged_flags(recipe, run.get("extra", [])))
+    if changed:
+        status = f"stale: the config changed after this run ({changed})"
+    elif scores is None:
+        status = "trained, not evaluated"
     elif "data" in scores and (scores["data"], scores.get("dictionaries")) != (run.get("data"), run.get("dictionaries")):
         status = f"stale: scored on other data ({scores['data']}) than the run trained on"
     else:
@@ -124,7 +129,7 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     if not table_only:
         for recipe in recipes:
             ckdir = out / recipe.training_name
-            check_record(recipe, data, ckdir / RUN_RECORD, "a run")
+            prior_run(recipe, ckdir, data, recipe_changes(extra))
             check_flags(recipe, train_argv(recipe, ckdir, extra, data, gpus=gpus, bn_sync_stats=bn_sync_stats)[1:])
     out.mkdir(parents=True, exist_ok=True)
     rows, trained, failed = [], {}, 0
