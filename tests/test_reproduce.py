@@ -1,6 +1,6 @@
 """normplug-recipe reproduce: end to end on the tiny corpus (two tiny configs, a handful of
 updates each, one averaging epoch and one update checkpoints), a finished run reused,
-and the table of every row -- run, shortened, not run, failed, stale, on several GPUs --
+and the table of every row -- run, modified, not run, failed, stale, interrupted --
 with `table`; language models end to end on the tiny LM corpus, their perplexities
 against an independent float64 computation, and their rows in the same table."""
 import csv
@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -165,7 +166,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     rows, md = table(out)
     assert [r["config"] for r in rows] == ["tiny-ln", "tiny-rbn"]
     for r in rows:
-        assert r["status"] == "shortened (extra args: --max-epoch 2)"
+        assert r["status"] == "modified (extra args: --max-epoch 2)"
         assert 0 <= float(r["ours"]) <= 100 and 0 <= float(r["sacrebleu"]) <= 100
         assert r["sacrebleu_signature"].startswith("nrefs:1|")
         assert r["sacrebleu_references"] == ("cased references of the binarized test set, "
@@ -186,7 +187,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert md[2].startswith("| tiny-ln | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.5 | ")
     assert md[3].startswith("| tiny-rbn | tiny (tests/conftest.py) | Post-Norm | RBN | BLEU ↑ | — | ")
     assert f"| sacreBLEU {float(rows[0]['sacrebleu']):.2f} |" in md[2]
-    assert len(md) == 4 and md[2].endswith("| shortened (extra args: --max-epoch 2) |")
+    assert len(md) == 4 and md[2].endswith("| modified (extra args: --max-epoch 2) |")
     text = (out / "results.md").read_text()
     assert "test paper LN" in text and "nrefs:1|" in text
     assert "- the cased references of the binarized test set" in text
@@ -201,7 +202,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
         assert float(re.search(r"BLEU4 = ([\d.]+)", generated)[1]) == pytest.approx(scores["tokenized_bleu"], abs=0.01)
         assert scores["tokenized_bleu"] == float(rows[0 if name == "tiny-ln" else 1]["ours"])  # the table shows it
         record = json.loads((run / "normplug-run.json").read_text())
-        assert (record["rc"], record["gpus"], record["bn_sync_stats"]) == (0, 0, False)  # the CPU
+        assert (record["rc"], record["device"]) == (0, "cpu")
         log = (run / "train.log").read_text()
         assert "--max-epoch 2" in log or "max_epoch': 2" in log or "max_epoch=2" in log
     assert (out / "tiny-ln" / "checkpoint2.pt").exists() and not (out / "tiny-ln" / "checkpoint3.pt").exists()
@@ -222,8 +223,8 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     reproduce("table", ln, never, rbn, "--out", out)
     rows, md = table(out)
     assert [(r["config"], r["status"]) for r in rows] == [
-        ("tiny-ln", "shortened (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
-        ("tiny-rbn", "shortened (extra args: --max-epoch 2)")]
+        ("tiny-ln", "modified (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
+        ("tiny-rbn", "modified (extra args: --max-epoch 2)")]
     assert rows[1]["ours"] == "" and rows[1]["published"] == "2.0"
     assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | BLEU ↑ | 2.0 | — | — | — | "
                      "average of the last 2 epoch checkpoints | not run |")
@@ -273,13 +274,12 @@ def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data, cap
     assert not (tmp_path / "out" / "tiny-ln").exists()
 
 
-def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
-    """The table reads scores and run records: full, shortened, stale, failed, interrupted, trained but
+def test_table_statuses_from_what_runs_left(tmp_path, tiny_data, capsys):
+    """The table reads scores and run records: full, modified, stale, failed, interrupted, trained but
     not evaluated, not run."""
     runs = {  # name: (the run record's extra arguments, its exit status, scores?); None: no run record
         "full": ([], 0, True), "short": (["--max-update", "9"], 0, True), "stale": ([], 0, True),
-        "failed": ([], 1, False), "never": None, "unrecorded": True, "gpus": ([], 0, True),
-        "synced": (["--max-update", "9"], 0, True), "trained": ([], 0, False),
+        "failed": ([], 1, False), "never": None, "unrecorded": True, "trained": ([], 0, False),
         "interrupted": ([], None, False), "killed": ([], None, True)}
     configs = {n: write_config(tmp_path, n, "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data) for n in runs}
     out = tmp_path / "out"
@@ -297,16 +297,13 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
         if name == "stale":
             flags["lr"] = ["0.5"]  # the config changed after the run
         (out / name / recipes.RUN_RECORD).write_text(json.dumps(
-            {"flags": flags, "extra": extra, "rc": rc, "seconds": 3.0, "interrupted": name == "interrupted",
-             "gpus": {"gpus": 4, "synced": 2}.get(name, 1), "bn_sync_stats": name == "synced"}))
-    assert recipes.main(["reproduce", "--table-only", *map(str, configs.values()), "--out", str(out)]) == 0
+            {"flags": flags, "extra": extra, "rc": rc, "seconds": 3.0, "interrupted": name == "interrupted"}))
+    assert recipes.main(["table", *map(str, configs.values()), "--out", str(out)]) == 0
     rows, md = table(out)
     assert {r["config"]: r["status"] for r in rows} == {
-        "full": "full", "short": "shortened (extra args: --max-update 9)",
+        "full": "full", "short": "modified (extra args: --max-update 9)",
         "stale": "stale: the config changed after this run (--lr 0.5 -> 0.001)",
         "failed": "failed: fairseq-train exited 1", "never": "not run", "unrecorded": "full (training not recorded)",
-        "gpus": "full, 4 GPUs, BN stats per GPU",
-        "synced": "shortened (extra args: --max-update 9), 2 GPUs, BN stats synced",
         "trained": "trained, not evaluated", "interrupted": "interrupted (a relaunch resumes it)",
         "killed": "unfinished: training, or killed"}
     full = rows[0]
@@ -315,10 +312,8 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
     assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.0 | 1.25 | 0.25 | sacreBLEU 1.50 | "
                      "average of the last 2 epoch checkpoints | full |")
     # extra training arguments make no sense without training
-    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce", "--table-only",
-                           str(configs["full"]), "--out", str(out), "--", "--lr", "1"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "normplug-recipe: error: --table-only trains nothing" in proc.stderr
+    assert recipes.main(["table", str(configs["full"]), "--out", str(out), "--", "--lr", "1"]) == 2
+    assert capsys.readouterr().err.startswith("normplug-recipe: error: table trains nothing")
 
 
 def test_table_of_language_model_rows(tmp_path, lm_data):
@@ -341,7 +336,7 @@ def test_table_of_language_model_rows(tmp_path, lm_data):
                      "| sliding window, context 4: 5.72 | checkpoint_best.pt | full (training not recorded) |")
     assert md[3] == ("| lm-never | tiny LM (tests/conftest.py) | Post-Norm | LN | perplexity ↓ | 6.0 | — | — | — "
                      "| checkpoint_best.pt | not run |")
-    assert "perplexity (↓, lower is better) a negative one" in (out / "results.md").read_text()
+    assert "perplexity ↓: negative does" in (out / "results.md").read_text()
 
 
 def reference_perplexity(checkpoint, data, length, context):
@@ -404,3 +399,44 @@ def test_reproduce_a_language_model_end_to_end(tmp_path, lm_data):
         (scores["perplexity"], scores["sliding_window_perplexity"])
     assert float(row["delta"]) == round(scores["perplexity"] - 6.0, 2)
     assert md[2].startswith("| tiny-lm-rbn | tiny LM (tests/conftest.py) | Post-Norm | RBN | perplexity ↓ | 6.0 | ")
+
+
+def _files(root):
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, arch, rows, trainings", [
+    ("iwslt14", "transformer_iwslt_de_en_rbn", 10, 8), ("wmt16", "transformer_wmt_en_de_rbn", 3, 3)])
+def test_paper_script_dry_run_prints_plain_fairseq_and_writes_nothing(script, arch, rows, trainings, tmp_path):
+    """scripts/iwslt14.sh and wmt16.sh --dry-run: each row's fairseq-train and fairseq-generate lines,
+    which fairseq's own parsers accept as they are; no file written in the repository or $HOME."""
+    import shlex
+
+    from fairseq import options
+
+    from conftest import REPO
+
+    repo, home = tmp_path / "repo", tmp_path / "home"  # a copy without __pycache__: a .pyc written shows
+    for part in ("normplug", "scripts", "configs"):
+        shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    home.mkdir()
+    before = _files(repo)
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(home), PYTHON=sys.executable, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(["bash", str(repo / "scripts" / f"{script}.sh"), "--dry-run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert _files(repo) == before and list(home.iterdir()) == []
+    assert f"--user-dir {repo / 'normplug'} " in proc.stdout  # the copy's plugin ran
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("# wang2022-") for line in lines) == rows
+    train = [shlex.split(line) for line in lines if line.startswith("fairseq-train ")]
+    generate = [shlex.split(line) for line in lines if line.startswith("fairseq-generate ")]
+    assert (len(train), len(generate)) == (trainings, rows)
+    assert f"{script}-{'deen' if script == 'iwslt14' else 'ende'}-post-rbn" in " ".join(
+        argv[argv.index("--save-dir") + 1] for argv in train if argv[argv.index("--arch") + 1] == arch)
+    for argv, parser in [(a, options.get_training_parser) for a in train] + \
+            [(a, options.get_generation_parser) for a in generate]:  # the plugin this process imported
+        argv[argv.index("--user-dir") + 1] = str(REPO / "normplug")
+        options.parse_args_and_arch(parser(), argv[1:])
+
