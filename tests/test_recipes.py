@@ -223,6 +223,26 @@ def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, monkeypatch, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.yaml", "lm.yaml", "shared.yaml"]
 
 
+def test_the_config_s_checkpoints_are_averaged_in_process(tmp_path, config):
+    """average_last_epochs: N averages the last N epoch checkpoints (normplug-average's function, in
+    this process) into averaged_lastN.pt, reused while its inputs are unchanged."""
+    import argparse
+
+    import torch
+
+    from normplug.recipes.runs import choose_checkpoint
+
+    recipe = load_config(config("two", GOOD.replace("average_last_epochs: 1 ", "average_last_epochs: 2 ")))
+    for epoch in (1, 2, 3):
+        torch.save({"model": {"w": torch.full((2,), float(epoch))}, "args": argparse.Namespace(),
+                    "optimizer_history": [{"num_updates": 10 * epoch}]}, tmp_path / f"checkpoint{epoch}.pt")
+    said = []
+    path, inputs = choose_checkpoint(recipe, tmp_path, said.append)
+    assert (path, [p.name for p in inputs]) == (tmp_path / "averaged_last2.pt", ["checkpoint2.pt", "checkpoint3.pt"])
+    assert torch.equal(torch.load(path)["model"]["w"], torch.full((2,), 2.5))
+    assert choose_checkpoint(recipe, tmp_path, said.append)[0] == path and said[-1].startswith(f"reusing {path}")
+
+
 # --------------------------------------------------------------------------- scoring
 
 def test_parse_generate_output():

@@ -157,7 +157,7 @@ def _check_png(path):
 
 
 @pytest.mark.slow
-def test_one_checkpoint_table_csv_and_bar_chart(bn_run, tiny_data, tmp_path):
+def test_one_checkpoint_table_csv_and_figure(bn_run, tiny_data, tmp_path):
     ckpt = bn_run / "checkpoint2.pt"
     out_csv, out_png = tmp_path / "tid.csv", tmp_path / "tid.png"
     proc = run_cli("normplug-tid", ckpt, "--data", tiny_data, "--max-tokens", "100",
