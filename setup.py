@@ -21,10 +21,11 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     packages=find_packages(include=["normplug", "normplug.*"]),
-    # what the plugin and its tools import; the recipes' and data scripts' packages
-    # are in requirements.txt. matplotlib only draws normplug-tid --plot. torch 2.4 brought
-    # torch.library.custom_op, which wraps the fused kernels (norms/triton_token.py).
-    install_requires=["torch>=2.4"],
+    # what the installed package imports: the plugin, its tools and the recipe driver (fairseq
+    # aside, see above); the data scripts' packages are in requirements.txt. matplotlib only
+    # draws normplug-tid --plot. torch 2.4 brought torch.library.custom_op, which wraps the
+    # fused kernels (normplug/norms/triton_*.py).
+    install_requires=["torch>=2.4", "PyYAML", "sacrebleu>=2.3", "sacremoses"],
     extras_require={"fairseq": [FAIRSEQ], "plot": ["matplotlib"], "test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": [

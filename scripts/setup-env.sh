@@ -11,14 +11,10 @@ STAMP=$VENV/.normplug-setup
 want=$(cat setup.py requirements.txt requirements-test.txt scripts/setup-env.sh | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
-    echo "setup: $VENV is up to date"
-    exit 0
+    echo "setup: $VENV is up to date"; exit 0
 fi
-
-if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 8) else 1)'; then
-    echo "setup: $PYTHON is older than Python 3.8; set PYTHON=/path/to/python3.8+" >&2
-    exit 1
-fi
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 8))' ||
+    { echo "setup: $PYTHON is older than Python 3.8; set PYTHON=/path/to/python3.8+" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 py=$VENV/bin/python
 pip() { "$py" -m pip --disable-pip-version-check "$@"; }
@@ -43,11 +39,9 @@ fi
 # 2. runtime and test requirements (triton, ~1 GB, for the fused norms' tests on the CPU).
 pip install -q -r requirements.txt -r requirements-test.txt
 
-# 3. fairseq: the maintained fork on 3.11+, the official release below.
+# 3. fairseq: the maintained fork on 3.11+, the official release below (setup.py's fairseq extra).
 fairseq_req=fairseq==0.12.2
-if "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
-    fairseq_req=fairseq-fixed==0.12.3.1
-fi
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' && fairseq_req=fairseq-fixed==0.12.3.1
 if ! "$py" -c 'import fairseq' 2>/dev/null; then
     echo "setup: installing $fairseq_req (compiles its extensions once per machine, ~6 min on 2 cores)"
     # --no-build-isolation: its build imports torch; --no-deps: it declares torchaudio.

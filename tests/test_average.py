@@ -121,7 +121,7 @@ def test_reestimated_statistics_are_the_mean_of_batch_statistics(reestimated, av
     model.train()  # dropout would make the statistics random: the procedure must turn it off
     params = {k: p.detach().clone() for k, p in model.named_parameters()}
     tracked = norm.num_batches_tracked.clone()
-    batches = iterate_batches(task, model, "train", 400, None, 3, seed=1)
+    batches = iterate_batches(task, model, "train", 400, 3, seed=1)
     assert reestimate_population_statistics(model, batches) == 3
     assert len(seen) == 3
     want_mean = torch.stack([m for m, _ in seen]).mean(0)

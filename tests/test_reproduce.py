@@ -1,6 +1,6 @@
 """normplug-recipe reproduce: end to end on the tiny corpus (two tiny configs, a handful of
 updates each, one averaging epoch and one update checkpoints), a finished run reused,
-and the table of every row -- run, shortened, not run, failed, stale, on several GPUs --
+and the table of every row -- run, modified, not run, failed, stale, interrupted --
 with `table`; language models end to end on the tiny LM corpus, their perplexities
 against an independent float64 computation, and their rows in the same table."""
 import csv
@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -165,7 +166,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     rows, md = table(out)
     assert [r["config"] for r in rows] == ["tiny-ln", "tiny-rbn"]
     for r in rows:
-        assert r["status"] == "shortened (extra args: --max-epoch 2)"
+        assert r["status"] == "modified (extra args: --max-epoch 2)"
         assert 0 <= float(r["ours"]) <= 100 and 0 <= float(r["sacrebleu"]) <= 100
         assert r["sacrebleu_signature"].startswith("nrefs:1|")
         assert r["sacrebleu_references"] == ("cased references of the binarized test set, "
@@ -186,7 +187,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert md[2].startswith("| tiny-ln | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.5 | ")
     assert md[3].startswith("| tiny-rbn | tiny (tests/conftest.py) | Post-Norm | RBN | BLEU ↑ | — | ")
     assert f"| sacreBLEU {float(rows[0]['sacrebleu']):.2f} |" in md[2]
-    assert len(md) == 4 and md[2].endswith("| shortened (extra args: --max-epoch 2) |")
+    assert len(md) == 4 and md[2].endswith("| modified (extra args: --max-epoch 2) |")
     text = (out / "results.md").read_text()
     assert "test paper LN" in text and "nrefs:1|" in text
     assert "- the cased references of the binarized test set" in text
@@ -201,7 +202,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
         assert float(re.search(r"BLEU4 = ([\d.]+)", generated)[1]) == pytest.approx(scores["tokenized_bleu"], abs=0.01)
         assert scores["tokenized_bleu"] == float(rows[0 if name == "tiny-ln" else 1]["ours"])  # the table shows it
         record = json.loads((run / "normplug-run.json").read_text())
-        assert (record["rc"], record["gpus"], record["bn_sync_stats"]) == (0, 0, False)  # the CPU
+        assert (record["rc"], record["device"]) == (0, "cpu")
         log = (run / "train.log").read_text()
         assert "--max-epoch 2" in log or "max_epoch': 2" in log or "max_epoch=2" in log
     assert (out / "tiny-ln" / "checkpoint2.pt").exists() and not (out / "tiny-ln" / "checkpoint3.pt").exists()
@@ -222,12 +223,46 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     reproduce("table", ln, never, rbn, "--out", out)
     rows, md = table(out)
     assert [(r["config"], r["status"]) for r in rows] == [
-        ("tiny-ln", "shortened (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
-        ("tiny-rbn", "shortened (extra args: --max-epoch 2)")]
+        ("tiny-ln", "modified (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
+        ("tiny-rbn", "modified (extra args: --max-epoch 2)")]
     assert rows[1]["ours"] == "" and rows[1]["published"] == "2.0"
     assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | BLEU ↑ | 2.0 | — | — | — | "
                      "average of the last 2 epoch checkpoints | not run |")
     assert not (out / "tiny-never").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_a_run_that_a_relaunch_resumes(tiny_data, tmp_path):
+    """^C (SIGINT to the process group, as a terminal sends it) after the first checkpoint: one line,
+    exit status 130, the table says interrupted; the same command resumes from checkpoint_last.pt."""
+    import signal
+    import time
+
+    config = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data)
+    out = tmp_path / "out"
+    save = out / "tiny-ln"
+    argv = [sys.executable, "-m", "normplug.recipes", "train", str(config), "--save-dir", str(save),
+            "--max-epoch", "10"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    log, deadline = save / "train.log", time.time() + 300
+    while not (log.exists() and "Saved checkpoint" in log.read_text()):  # written after checkpoint_last.pt
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130 and err.splitlines() == [
+        f"normplug-recipe: interrupted: fairseq-train stopped; the same command resumes it from checkpoint_last.pt ({save})"]
+    assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
+    assert table(out)[0][0]["status"] == "interrupted (a relaunch resumes it)"
+
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log.read_text())
+    assert (save / "checkpoint10.pt").exists()
+    assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
+    assert table(out)[0][0]["status"] == "trained, not evaluated"
 
 
 def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data, capsys):
@@ -235,51 +270,50 @@ def test_reproduce_refuses_a_bad_config_before_training(tmp_path, tiny_data, cap
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("  beam: 2\n", ""))
     assert recipes.main(["reproduce", str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
-    assert f"normplug: error: {bad}: evaluate: missing key 'beam'" in capsys.readouterr().err
+    assert f"normplug-recipe: error: {bad}: evaluate: missing key 'beam'" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny-ln").exists()
 
 
-def test_table_statuses_from_what_runs_left(tmp_path, tiny_data):
-    """--table-only reads scores and run records: full, shortened, stale, failed, not run."""
-    names = ["full", "short", "stale", "failed", "never", "unrecorded", "gpus", "synced"]
-    configs = {n: write_config(tmp_path, n, "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data)
-               for n in names}
+def test_table_statuses_from_what_runs_left(tmp_path, tiny_data, capsys):
+    """The table reads scores and run records: full, modified, stale, failed, interrupted, trained but
+    not evaluated, not run."""
+    runs = {  # name: (the run record's extra arguments, its exit status, scores?); None: no run record
+        "full": ([], 0, True), "short": (["--max-update", "9"], 0, True), "stale": ([], 0, True),
+        "failed": ([], 1, False), "never": None, "unrecorded": True, "trained": ([], 0, False),
+        "interrupted": ([], None, False), "killed": ([], None, True)}
+    configs = {n: write_config(tmp_path, n, "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data) for n in runs}
     out = tmp_path / "out"
-    for name, extra in (("full", []), ("short", ["--max-update", "9"]), ("stale", []),
-                        ("failed", []), ("unrecorded", None), ("gpus", []), ("synced", ["--max-update", "9"])):
-        run = out / name
-        run.mkdir(parents=True)
-        (run / f"scores-{name}.json").write_text(json.dumps({
-            "tokenized_bleu": 1.25, "sacrebleu": 1.5, "sacrebleu_signature": "nrefs:1|x",
-            "sacrebleu_references": "cased references of the binarized test set",
-            "averaged": ["checkpoint4.pt", "checkpoint5.pt"]}))
-        if extra is None:
-            continue  # scores without a run record: trained by other means
-        recipe = recipes.load_config(configs[name])
-        flags = recipes.merged_flags(recipe, extra)
+    for name, run in runs.items():
+        (out / name).mkdir(parents=True)
+        if run is True or (run and run[2]):
+            (out / name / f"scores-{name}.json").write_text(json.dumps({
+                "tokenized_bleu": 1.25, "sacrebleu": 1.5, "sacrebleu_signature": "nrefs:1|x",
+                "sacrebleu_references": "cased references of the binarized test set",
+                "averaged": ["checkpoint4.pt", "checkpoint5.pt"]}))
+        if run in (None, True):
+            continue
+        extra, rc, _ = run
+        flags = recipes.merged_flags(recipes.load_config(configs[name]), extra)
         if name == "stale":
             flags["lr"] = ["0.5"]  # the config changed after the run
-        (run / recipes.RUN_RECORD).write_text(json.dumps(
-            {"flags": flags, "extra": extra, "rc": 1 if name == "failed" else 0, "seconds": 3.0,
-             "gpus": {"gpus": 4, "synced": 2}.get(name, 1), "bn_sync_stats": name == "synced"}))
-    assert recipes.main(["reproduce", "--table-only", *map(str, configs.values()), "--out", str(out)]) == 0
+        (out / name / recipes.RUN_RECORD).write_text(json.dumps(
+            {"flags": flags, "extra": extra, "rc": rc, "seconds": 3.0, "interrupted": name == "interrupted"}))
+    assert recipes.main(["table", *map(str, configs.values()), "--out", str(out)]) == 0
     rows, md = table(out)
     assert {r["config"]: r["status"] for r in rows} == {
-        "full": "full", "short": "shortened (extra args: --max-update 9)",
-        "stale": "stale: the config changed after this run", "failed": "failed: fairseq-train exited 1",
-        "never": "not run", "unrecorded": "full (training not recorded)",
-        "gpus": "full, 4 GPUs, BN stats per GPU",
-        "synced": "shortened (extra args: --max-update 9), 2 GPUs, BN stats synced"}
+        "full": "full", "short": "modified (extra args: --max-update 9)",
+        "stale": "stale: the config changed after this run (--lr 0.5 -> 0.001)",
+        "failed": "failed: fairseq-train exited 1", "never": "not run", "unrecorded": "full (training not recorded)",
+        "trained": "trained, not evaluated", "interrupted": "interrupted (a relaunch resumes it)",
+        "killed": "unfinished: training, or killed"}
     full = rows[0]
     assert (full["ours"], full["delta"], full["sacrebleu"], full["train_seconds"]) == \
         ("1.25", "0.25", "1.5", "3.0")
     assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.0 | 1.25 | 0.25 | sacreBLEU 1.50 | "
                      "average of the last 2 epoch checkpoints | full |")
     # extra training arguments make no sense without training
-    proc = subprocess.run([sys.executable, "-m", "normplug.recipes", "reproduce", "--table-only",
-                           str(configs["full"]), "--out", str(out), "--", "--lr", "1"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "normplug: error: --table-only trains nothing" in proc.stderr
+    assert recipes.main(["table", str(configs["full"]), "--out", str(out), "--", "--lr", "1"]) == 2
+    assert capsys.readouterr().err.startswith("normplug-recipe: error: table trains nothing")
 
 
 def test_table_of_language_model_rows(tmp_path, lm_data):
@@ -302,7 +336,7 @@ def test_table_of_language_model_rows(tmp_path, lm_data):
                      "| sliding window, context 4: 5.72 | checkpoint_best.pt | full (training not recorded) |")
     assert md[3] == ("| lm-never | tiny LM (tests/conftest.py) | Post-Norm | LN | perplexity ↓ | 6.0 | — | — | — "
                      "| checkpoint_best.pt | not run |")
-    assert "perplexity (↓, lower is better) a negative one" in (out / "results.md").read_text()
+    assert "perplexity ↓: negative does" in (out / "results.md").read_text()
 
 
 def reference_perplexity(checkpoint, data, length, context):
@@ -365,3 +399,44 @@ def test_reproduce_a_language_model_end_to_end(tmp_path, lm_data):
         (scores["perplexity"], scores["sliding_window_perplexity"])
     assert float(row["delta"]) == round(scores["perplexity"] - 6.0, 2)
     assert md[2].startswith("| tiny-lm-rbn | tiny LM (tests/conftest.py) | Post-Norm | RBN | perplexity ↓ | 6.0 | ")
+
+
+def _files(root):
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, arch, rows, trainings", [
+    ("iwslt14", "transformer_iwslt_de_en_rbn", 10, 8), ("wmt16", "transformer_wmt_en_de_rbn", 3, 3)])
+def test_paper_script_dry_run_prints_plain_fairseq_and_writes_nothing(script, arch, rows, trainings, tmp_path):
+    """scripts/iwslt14.sh and wmt16.sh --dry-run: each row's fairseq-train and fairseq-generate lines,
+    which fairseq's own parsers accept as they are; no file written in the repository or $HOME."""
+    import shlex
+
+    from fairseq import options
+
+    from conftest import REPO
+
+    repo, home = tmp_path / "repo", tmp_path / "home"  # a copy without __pycache__: a .pyc written shows
+    for part in ("normplug", "scripts", "configs"):
+        shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    home.mkdir()
+    before = _files(repo)
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(home), PYTHON=sys.executable, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(["bash", str(repo / "scripts" / f"{script}.sh"), "--dry-run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert _files(repo) == before and list(home.iterdir()) == []
+    assert f"--user-dir {repo / 'normplug'} " in proc.stdout  # the copy's plugin ran
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("# wang2022-") for line in lines) == rows
+    train = [shlex.split(line) for line in lines if line.startswith("fairseq-train ")]
+    generate = [shlex.split(line) for line in lines if line.startswith("fairseq-generate ")]
+    assert (len(train), len(generate)) == (trainings, rows)
+    assert f"{script}-{'deen' if script == 'iwslt14' else 'ende'}-post-rbn" in " ".join(
+        argv[argv.index("--save-dir") + 1] for argv in train if argv[argv.index("--arch") + 1] == arch)
+    for argv, parser in [(a, options.get_training_parser) for a in train] + \
+            [(a, options.get_generation_parser) for a in generate]:  # the plugin this process imported
+        argv[argv.index("--user-dir") + 1] = str(REPO / "normplug")
+        options.parse_args_and_arch(parser(), argv[1:])
+

@@ -156,7 +156,7 @@ def _check_png(path):
 
 
 @pytest.mark.slow
-def test_one_checkpoint_table_csv_and_bar_chart(bn_run, tiny_data, tmp_path):
+def test_one_checkpoint_table_csv_and_figure(bn_run, tiny_data, tmp_path):
     ckpt = bn_run / "checkpoint2.pt"
     out_csv, out_png = tmp_path / "tid.csv", tmp_path / "tid.png"
     proc = run_cli("normplug-tid", ckpt, "--data", tiny_data, "--max-tokens", "100",
@@ -334,3 +334,17 @@ def test_a_library_error_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tid_cli, "run", refuse)
     _expect_error(capsys, [tmp_path / "any.pt", "--csv", tmp_path / "t.csv"], "a bad option, named")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_without_fairseq_one_line_names_the_install_command(tmp_path, monkeypatch, capsys):
+    from normplug.tools import average as average_cli
+    from normplug.tools.common import INSTALL_FAIRSEQ
+
+    for tool in (tid_cli, average_cli):
+        monkeypatch.setattr(tool, "configure_logging", lambda verbose: None)
+    monkeypatch.setitem(sys.modules, "fairseq", None)  # import fairseq -> ImportError
+    line = _expect_error(capsys, [tmp_path / "any.pt"], "normplug-tid: error: normplug-tid needs fairseq (")
+    assert line.endswith(INSTALL_FAIRSEQ)
+    with pytest.raises(SystemExit):  # averaging alone needs only torch; re-estimating runs the model
+        average_cli.main(["--inputs", str(tmp_path / "a.pt"), "--output", str(tmp_path / "b.pt"), "--reestimate-stats"])
+    assert capsys.readouterr().err.startswith("normplug-average: error: normplug-average --reestimate-stats needs fairseq (")

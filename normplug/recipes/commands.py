@@ -3,15 +3,16 @@ import contextlib
 import io
 import logging
 import os
-import shutil
+import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 import normplug
-from normplug.tools.common import atomic_path
+from normplug.tools.common import atomic_path, fairseq_exe
 
 from .config import ConfigError, Recipe
 
@@ -52,64 +53,35 @@ def merged_flags(recipe: Recipe, extra: Sequence[str] = ()) -> Dict[str, List[st
     return flags
 
 
+def flag_changes(old: Dict[str, List[str]], new: Dict[str, List[str]]) -> str:
+    """What differs from one set of fairseq-train flags to another: ``--lr 0.0005 -> 0.001, ...``."""
+    def said(flags, key):
+        return (" ".join(flags[key]) or "(set)") if key in flags else "(unset)"
+    return ", ".join(f"--{key} {said(old, key)} -> {said(new, key)}"
+                     for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key))
+
+
 def recipe_changes(extra: Sequence[str]) -> List[str]:
     """The extra fairseq-train arguments that change the recipe (``--save-dir`` does not)."""
     return [w for key, words in split_extra(extra) if key != "save-dir" for w in ("--" + key, *words)]
 
 
-def use_gpu(gpu: Optional[bool] = None) -> bool:
-    import torch
-
+def use_gpu(gpu: Optional[bool] = None) -> bool:  # None: whether this machine has one
     return torch.cuda.is_available() if gpu is None else gpu
 
 
-def fairseq_exe(tool: str) -> str:
-    """``fairseq-train`` etc. next to the running interpreter, else from PATH."""
-    here = Path(sys.executable).parent / tool
-    found = str(here) if here.exists() else shutil.which(tool)
-    if not found:
-        raise ConfigError(f"{tool} is neither next to {sys.executable} nor on PATH; run `make setup` first")
-    return found
-
-
-def device_flags(flags: Dict[str, List[str]], gpus: int = 1, bn_sync_stats: bool = False,
-                 gpu: Optional[bool] = None) -> Dict[str, List[str]]:
-    """``--cpu``, or the GPU count pinned (fairseq 0.12 takes every visible GPU unless told);
-    N GPUs divide update-freq by N, which keeps the effective batch."""
-    if gpus < 1:
-        raise ConfigError(f"--gpus must be 1 or more, got {gpus}")
-    if bn_sync_stats and gpus == 1:
-        raise ConfigError("--bn-sync-stats syncs BN statistics across GPUs: it needs --gpus N with N > 1")
-    if "cpu" in flags or not use_gpu(gpu):
-        if gpus > 1:
-            raise ConfigError(f"--gpus {gpus} needs CUDA GPUs; this run is on the CPU")
-        return {"cpu": []}
-    out = {"distributed-world-size": [str(gpus)]}
-    if gpus > 1:
-        freq = " ".join(flags.get("update-freq", ["1"]))
-        if not freq.isdigit() or int(freq) % gpus:
-            raise ConfigError(f"--gpus {gpus} does not divide the recipe's update-freq {freq}: the "
-                              "effective batch (max-tokens x update-freq x GPUs) would change; pick a "
-                              f"number of GPUs that divides {freq}")
-        out["update-freq"] = [str(int(freq) // gpus)]
-    if bn_sync_stats:
-        out["bn-sync-stats"] = []
-    return out
-
-
 def train_argv(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None,
-               gpu: Optional[bool] = None, exe: bool = True, gpus: int = 1,
-               bn_sync_stats: bool = False) -> List[str]:
-    """The full ``fairseq-train`` command line of a recipe."""
+               gpu: Optional[bool] = None, exe: bool = True) -> List[str]:
+    """The full ``fairseq-train`` command line of a recipe (``exe`` False: its arguments only): ``--cpu``
+    without a GPU, else one GPU, as the papers trained (fairseq 0.12 takes every visible GPU unless told;
+    ``--distributed-world-size N`` among the extra arguments spreads a run, its BN statistics per GPU)."""
     languages = {"source-lang": [recipe.source_lang], "target-lang": [recipe.target_lang]} \
         if recipe.task == "translation" else {}
     flags = {"user-dir": [str(PLUGIN_DIR)], **languages, **merged_flags(recipe, extra)}
     flags.setdefault("save-dir", [str(save_dir or recipe.default_save_dir())])
-    for key in ("distributed-world-size", "bn-sync-stats"):
-        if key in flags:
-            raise ConfigError(f"--{key} among the fairseq-train arguments: use the driver's "
-                              "--gpus N [--bn-sync-stats], which also keep the effective batch")
-    flags.update(device_flags(flags, gpus, bn_sync_stats, gpu))
+    if "cpu" not in flags:
+        flags.update({"distributed-world-size": flags.get("distributed-world-size", ["1"])} if use_gpu(gpu) else
+                     {"cpu": []})
     argv = [fairseq_exe("fairseq-train")] if exe else []
     argv.append(str(recipe.data_path(data)))
     for key, words in flags.items():
@@ -123,7 +95,6 @@ _FAIRSEQ_PARSER = threading.Lock()
 def check_flags(recipe: Recipe, argv: Sequence[str]):
     """fairseq-train's own parser on ``argv`` (no executable); its error as one line naming the config."""
     from fairseq import options
-
     err = io.StringIO()
     with _FAIRSEQ_PARSER, contextlib.redirect_stderr(err):
         logging.disable(logging.INFO)  # "--user-dir ... has already been imported"
@@ -136,14 +107,14 @@ def check_flags(recipe: Recipe, argv: Sequence[str]):
             logging.disable(logging.NOTSET)
 
 
-def _scoring_argv(tool, recipe: Recipe, checkpoint, data, gpu, extra, flags) -> List[str]:
-    """``tool`` on a checkpoint of the recipe with ``flags``, then --cpu without a GPU, then ``extra``."""
-    return [fairseq_exe(tool), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
+def _scoring_argv(tool, recipe: Recipe, checkpoint, data, gpu, extra, flags, exe) -> List[str]:
+    """``tool`` (``exe`` False: its arguments only) on a checkpoint with ``flags``, --cpu without a GPU, ``extra``."""
+    return [*([fairseq_exe(tool)] if exe else []), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
             "--path", str(checkpoint), *flags, *([] if use_gpu(gpu) else ["--cpu"]), *extra]
 
 
 def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = None,
-                  extra: Sequence[str] = ()) -> List[str]:
+                  extra: Sequence[str] = (), exe: bool = True) -> List[str]:
     """``fairseq-generate`` with the recipe's decoding settings."""
     ev = recipe.evaluate
     flags = ["--source-lang", recipe.source_lang, "--target-lang", recipe.target_lang,
@@ -157,18 +128,17 @@ def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = N
         flags += ["--remove-bpe", ev["remove_bpe"]]
     if ev["model_overrides"]:
         flags += ["--model-overrides", repr(dict(ev["model_overrides"]))]
-    return _scoring_argv("fairseq-generate", recipe, checkpoint, data, gpu, extra, flags)
+    return _scoring_argv("fairseq-generate", recipe, checkpoint, data, gpu, extra, flags, exe)
 
 
 def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, data=None, gpu: Optional[bool] = None,
-                 extra: Sequence[str] = ()) -> List[str]:
-    """``fairseq-eval-lm`` on windows of the training length, each scoring its last
-    (length - context_window) tokens with the context_window tokens before them."""
+                 extra: Sequence[str] = (), exe: bool = True) -> List[str]:
+    """``fairseq-eval-lm`` on windows of the training length, each scoring its last tokens after context_window."""
     ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
     flags = ["--task", "language_modeling", "--gen-subset", ev["gen_subset"], "--sample-break-mode", "none",
              "--tokens-per-sample", str(length), "--context-window", str(context_window),
              "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
-    return _scoring_argv("fairseq-eval-lm", recipe, checkpoint, data, gpu, extra, flags)
+    return _scoring_argv("fairseq-eval-lm", recipe, checkpoint, data, gpu, extra, flags, exe)
 
 
 def child_env(threads: Optional[int] = None) -> Dict[str, str]:
@@ -181,29 +151,34 @@ def child_env(threads: Optional[int] = None) -> Dict[str, str]:
     return env
 
 
-def run_logged(argv, log_path=None, echo=None, env=None) -> Tuple[int, str]:
-    """Run a command, its stdout and stderr to ``log_path`` and, line by line, to ``echo``.
-    Returns (exit status, output)."""
+def run_logged(argv, log_path=None, echo=None, env=None, mode="w") -> Tuple[int, str]:
+    """Run a command, its stdout and stderr written (``mode`` "a": appended) to ``log_path`` and, line by
+    line, given to ``echo``. Returns (exit status, output)."""
     lines = []
-    with open(log_path or os.devnull, "w", encoding="utf-8") as log:
+    with open(log_path or os.devnull, mode, encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env or child_env(), bufsize=1)
-        for line in proc.stdout:
-            lines.append(line)
-            log.write(line)
-            log.flush()
-            if echo:
-                echo(line)
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                log.write(line)
+                log.flush()
+                if echo:
+                    echo(line)
+        except KeyboardInterrupt:  # a terminal's ^C reached the child too, a `kill -INT` of ours did not
+            proc.send_signal(signal.SIGINT)
+            log.write(proc.stdout.read())  # its last words go to the log, not the terminal
+            proc.wait()
+            raise
         rc = proc.wait()
     return rc, "".join(lines)
 
 
-def run_checked(argv, what: str, log_path=None, env=None) -> str:
-    """:func:`run_logged`, its output returned; a failure raises the output's tail."""
-    rc, text = run_logged(argv, log_path, env=env)
+def run_checked(argv, what: str, log_path) -> str:
+    """:func:`run_logged`, its output returned; a failure raises its tail."""
+    rc, text = run_logged(argv, log_path)
     if rc != 0:
-        see = f"; see {log_path}" if log_path else ""
-        raise RuntimeError(f"{what} failed (exit {rc}){see}:\n{text[-3000:]}")
+        raise RuntimeError(f"{what} failed (exit {rc}); see {log_path}:\n{text[-3000:]}")
     return text
 
 

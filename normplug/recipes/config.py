@@ -3,14 +3,14 @@
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Dict, Optional
 
 import yaml
 
 from normplug.errors import NormplugError
 
 REQUIRED = object()
-# key -> (default or REQUIRED, allowed types); each task adds its own (TASKS)
+# key -> (default or REQUIRED, allowed types); each task adds its own (TASK_KEYS)
 TOP_KEYS = {key: (REQUIRED, (str,)) for key in (
     "name", "dataset", "setting", "norm", "paper", "metric", "data", "provenance")}
 TOP_KEYS.update(published=(REQUIRED, (int, float, type(None))), train=(REQUIRED, (dict,)),
@@ -29,28 +29,24 @@ TRANSLATION_EVALUATE_KEYS = {
     "compound_split": (False, (bool,)),             # ##AT##-##AT## splitting (WMT)
     "model_overrides": (None, (dict, type(None))),  # fairseq-generate --model-overrides
     "detok_lang": (None, (str, type(None))),        # sacremoses language (default target_lang)
-    # sacreBLEU's references: a sacrebleu test set (wmt14/full), or null: the binarized test set's
-    "sacrebleu_test_set": (None, (str, type(None))),
+    "sacrebleu_test_set": (None, (str, type(None))),  # sacreBLEU's references (wmt14/full); null: the test set's
 }
 LM_EVALUATE_KEYS = {
-    **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)),
-    "batch_size": (10, (int,)),  # fairseq-eval-lm --batch-size (windows)
+    **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)), "batch_size": (10, (int,)),  # windows a batch
     # fairseq's sliding window: each window of the training length scores its last
     # (length - context_window) tokens with the context_window tokens before them
-    "context_window": (REQUIRED, (int,)),
-}
-RESERVED_TRAIN = {
-    "user-dir": "the driver adds the plugin directory",
-    "save-dir": "chosen per run (--save-dir on the command line)",
-    "cpu": "the driver adds it when no GPU is available",
-    "distributed-world-size": "the driver's --gpus N sets it (default 1, as the papers trained)",
-    "bn-sync-stats": "a choice of multi-GPU runs: the driver's --bn-sync-stats, with --gpus N",
-    "source-lang": "use the top-level key source_lang",
-    "target-lang": "use the top-level key target_lang",
-    "data": "use the top-level key data",
-}
-TYPE_NAMES = {int: "integer", float: "number", str: "string", dict: "mapping", list: "list",
-              bool: "true/false", type(None): "null"}
+    "context_window": (REQUIRED, (int,))}
+TASK_KEYS = {  # the fairseq tasks with recipes: their top-level keys and evaluate: keys
+    "translation": ({"source_lang": (REQUIRED, (str,)), "target_lang": (REQUIRED, (str,))}, TRANSLATION_EVALUATE_KEYS),
+    "language_modeling": ({}, LM_EVALUATE_KEYS)}
+RESERVED_TRAIN = {"user-dir": "the driver adds the plugin directory", "data": "use the top-level key data",
+                  "save-dir": "chosen per run (--save-dir on the command line)",
+                  "cpu": "the driver adds it when no GPU is available",
+                  "distributed-world-size": "the driver pins 1 GPU, as the papers trained (more: an extra argument)",
+                  "source-lang": "use the top-level key source_lang",
+                  "target-lang": "use the top-level key target_lang"}
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a mapping", list: "a list",
+              bool: "true or false", type(None): "null"}
 
 
 class ConfigError(NormplugError):
@@ -113,8 +109,8 @@ def _checked(where: str, given: dict, spec: dict) -> dict:
             continue
         value = out[key] = given[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise ConfigError(f"{where}key {key!r} must be a {' or '.join(TYPE_NAMES[t] for t in types)}, "
-                              f"got {type(value).__name__} {value!r}")
+            names = " or ".join(TYPE_NAMES[t] for t in types if t is not int or float not in types)  # ints are numbers
+            raise ConfigError(f"{where}key {key!r} must be {names}, got {type(value).__name__} {value!r}")
     return out
 
 
@@ -122,17 +118,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML keeps the last of two equal keys; a config refuses them."""
 
     def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
-            seen.add(key)
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+        for i, key in enumerate(keys):
+            if key in keys[:i]:
+                raise ConfigError(f"duplicate key {key!r} (line {node.value[i][0].start_mark.line + 1})")
         return super().construct_mapping(node, deep)
 
 
-def read_merged(path: Path, children=()) -> dict:
-    """A config's mapping with its ``base:`` chain merged in (the config's values win)."""
+def read_merged(path: Path, chain=()) -> dict:
+    """A config's mapping, its ``base:`` chain merged in (its values win); ``chain``: the files that led here."""
+    chain = (*chain, path)
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except ConfigError as err:  # a duplicate key
@@ -147,9 +142,9 @@ def read_merged(path: Path, children=()) -> dict:
     base_path = path.parent / str(base)
     if not isinstance(base, str) or not base_path.is_file():
         raise ConfigError(f"{path}: base file {base_path} not found")
-    if base_path.resolve() in children:
-        raise ConfigError(f"{path}: base file {base_path} includes itself")
-    return merge(read_merged(base_path, (*children, path.resolve())), raw)
+    if base_path.resolve() in {p.resolve() for p in chain}:
+        raise ConfigError(f"{chain[0]}: its base files form a loop: {' -> '.join(map(str, (*chain, base_path)))}")
+    return merge(read_merged(base_path, chain), raw)
 
 
 def merge(base: dict, child: dict) -> dict:
@@ -168,10 +163,10 @@ def load_config(path) -> "Recipe":
         raise ConfigError(f"{path}: config file not found")
     raw = read_merged(path)
     name = task_name(raw.get("train"))
-    if name not in TASKS:
-        raise ConfigError(f"{path}: train: task {name!r} has no recipes here (known: {', '.join(TASKS)})")
-    task = TASKS[name]
-    top = _checked(f"{path}: ", raw, {**TOP_KEYS, **task.top_keys})
+    if name not in TASK_KEYS:
+        raise ConfigError(f"{path}: train: task {name!r} has no recipes here (known: {', '.join(TASK_KEYS)})")
+    top_keys, evaluate_keys = TASK_KEYS[name]
+    top = _checked(f"{path}: ", raw, {**TOP_KEYS, **top_keys})
     for key in ("name", "shares_training_with"):
         if top[key] is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", top[key]):
             raise ConfigError(f"{path}: key {key!r} must be a folder name (letters, digits, '.', "
@@ -182,7 +177,7 @@ def load_config(path) -> "Recipe":
                               f"{RESERVED_TRAIN[str(key).replace('_', '-')]}")
         if isinstance(value, dict):
             raise ConfigError(f"{path}: train: {key!r} must be a value or a list, got a mapping")
-    ev = _checked(f"{path}: evaluate: ", top["evaluate"], task.evaluate_keys)
+    ev = _checked(f"{path}: evaluate: ", top["evaluate"], evaluate_keys)
     chosen = [k for k in CHECKPOINT_CHOICES if ev[k] is not None]
     if len(chosen) != 1:
         raise ConfigError(f"{path}: evaluate: set exactly one of {', '.join(map(repr, CHECKPOINT_CHOICES))} "
@@ -195,7 +190,7 @@ def load_config(path) -> "Recipe":
     top.update(evaluate=ev, path=path)
     top["published"] = None if top["published"] is None else float(top["published"])
     recipe = Recipe(**top)
-    task.check(recipe)
+    (check_translation if name == "translation" else check_language_model)(recipe)
     return recipe
 
 
@@ -205,7 +200,6 @@ def check_translation(recipe: Recipe):
     ev["detok_lang"] = ev["detok_lang"] or recipe.target_lang
     if ev["sacrebleu_test_set"] is not None:
         from sacrebleu.dataset import DATASETS
-
         test_set, pair = ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}"
         if test_set not in DATASETS:
             raise ConfigError(f"{recipe.path}: evaluate: sacrebleu_test_set {test_set!r} is not a sacrebleu "
@@ -224,14 +218,3 @@ def check_language_model(recipe: Recipe):
     if not 1 <= context < length:
         raise ConfigError(f"{recipe.path}: evaluate: 'context_window' must be in 1 .. {length - 1} (the "
                           f"training length {length} minus at least one scored token), got {context}")
-
-
-class TaskFormat(NamedTuple):  # the config keys of one fairseq task and the checks beyond them
-    top_keys: Dict[str, tuple]
-    evaluate_keys: Dict[str, tuple]
-    check: Callable
-
-
-TASKS = {"translation": TaskFormat({"source_lang": (REQUIRED, (str,)), "target_lang": (REQUIRED, (str,))},
-                                   TRANSLATION_EVALUATE_KEYS, check_translation),
-         "language_modeling": TaskFormat({}, LM_EVALUATE_KEYS, check_language_model)}

@@ -1,18 +1,19 @@
-"""Training and evaluating one recipe, each leaving a record of what it ran on: the save dir's
-run record and ``scores-<name>.json`` beside it."""
+"""A recipe's runs: training and evaluating it, each leaving a record of what it ran on (run record, scores), and
+the reproduction: configs trained and evaluated into one folder, with the table of what the runs left there."""
+import csv
 import datetime
 import hashlib
+import io
 import json
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import (check_flags, child_env, merged_flags, recipe_changes, run_checked, run_logged,
-                       split_extra, train_argv, write_atomic)
-from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
-from .scoring import SCORING
+from .commands import (check_flags, child_env, eval_lm_argv, flag_changes, generate_argv, merged_flags,
+                       recipe_changes, run_logged, split_extra, train_argv, write_atomic)
+from .config import CHECKPOINT_CHOICES, ConfigError, Recipe, load_config
+from .scoring import score_language_model, score_translation
 
 RUN_RECORD = "normplug-run.json"  # in a save dir: the flags, data, device and exit status of its run
 
@@ -32,10 +33,13 @@ def data_identity(recipe: Recipe, data=None) -> Dict[str, object]:
 
 
 def check_record(recipe: Recipe, data, record_path: Path, what: str) -> Tuple[Optional[dict], dict]:
-    """:func:`check_data`, and a run or score on other data is never reused or overwritten (keys
-    a record lacks are not compared). Returns (the record, the data's identity)."""
+    """:func:`check_data`, and a run or score on other data is never reused or overwritten (keys a record
+    lacks are not compared). A run record binds only beside a checkpoint: a run that failed or was stopped
+    before its first left nothing to keep. Returns (the record, the data's identity)."""
     check_data(recipe, data)
     record, identity = read_json(record_path), data_identity(recipe, data)
+    if record_path.name == RUN_RECORD and not any(record_path.parent.glob("checkpoint*.pt")):
+        record = None
     if record is None or all(record[k] == v for k, v in identity.items() if k in record):
         return record, identity
     raise ConfigError(f"{record_path.parent} holds {what} on other data ({record.get('data')}, dictionaries "
@@ -43,101 +47,157 @@ def check_record(recipe: Recipe, data, record_path: Path, what: str) -> Tuple[Op
                       f"{identity['dictionaries']}): use another folder or remove that one")
 
 
+def missing_data(recipe: Recipe, folder: Path) -> List[str]:
+    """What ``folder`` lacks of the config's dictionaries and the binarized splits it trains, validates and
+    tests on (a translation split under either order of its language pair, as fairseq reads it)."""
+    splits = dict.fromkeys([recipe.train_value("train-subset") or "train", recipe.evaluate["gen_subset"],
+                            *str(recipe.train_value("valid-subset") or "valid").split(",")])
+    src, tgt = recipe.source_lang, recipe.target_lang
+    wanted = [["dict.txt"]] + [[f"{s}.{e}"] for s in splits for e in ("bin", "idx")] if not src else \
+        [[f"dict.{src}.txt"], [f"dict.{tgt}.txt"]] + [[f"{s}.{a}-{b}.{lang}.{e}" for a, b in ((src, tgt), (tgt, src))]
+                                                      for s in splits for lang in (src, tgt) for e in ("bin", "idx")]
+    return [names[0] for names in wanted if not any((folder / name).is_file() for name in names)]
+
+
 def check_data(recipe: Recipe, data=None):
-    """Refuse a missing data folder, and a ``remove_bpe`` other than the data's prepare.json records."""
+    """Refuse a data folder that is missing, lacks a file the config reads, or was made with another BPE
+    than the config removes (its prepare.json says)."""
     folder = recipe.data_path(data)
     if not folder.is_dir():
         raise ConfigError(f"{recipe.path}: data folder {folder} not found (prepare it, or pass --data DIR)")
     manifest = folder / "prepare.json"
-    if "remove_bpe" not in recipe.evaluate or not manifest.is_file():
-        return
-    try:
-        info = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read {manifest}: {' '.join(str(err).split())}") from None
-    if "remove_bpe" in info and info["remove_bpe"] != recipe.evaluate["remove_bpe"]:
-        ours, theirs = json.dumps(recipe.evaluate["remove_bpe"]), json.dumps(info["remove_bpe"])
-        raise ConfigError(f"{recipe.path}: evaluate: remove_bpe is {ours}, but the data needs {theirs} "
-                          f"({manifest}: bpe {info.get('bpe')}, {info.get('bpe_size')}); set "
-                          f"remove_bpe: {theirs} or prepare the data the config expects")
+    if "remove_bpe" in recipe.evaluate and manifest.is_file():
+        try:
+            info = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"cannot read {manifest}: {' '.join(str(err).split())}") from None
+        if "remove_bpe" in info and info["remove_bpe"] != recipe.evaluate["remove_bpe"]:
+            ours, theirs = json.dumps(recipe.evaluate["remove_bpe"]), json.dumps(info["remove_bpe"])
+            raise ConfigError(f"{recipe.path}: evaluate: remove_bpe is {ours}, but the data needs {theirs} "
+                              f"({manifest}: bpe {info.get('bpe')}, {info.get('bpe_size')}); set "
+                              f"remove_bpe: {theirs} or prepare the data the config expects")
+    missing = missing_data(recipe, folder)
+    if missing:
+        raise ConfigError(f"{recipe.path}: data folder {folder} lacks {', '.join(missing[:3])}"
+                          f"{f' and {len(missing) - 3} more' if missing[3:] else ''}, which the config reads "
+                          "(prepare its data, or pass --data DIR)")
 
 
-def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, gpus: int = 1,
-          bn_sync_stats: bool = False, gpu: Optional[bool] = None, threads: Optional[int] = None,
-          echo=lambda line: print(line, end="", flush=True), log=print) -> int:
-    """fairseq-train into ``save_dir`` (train.log, run record), or nothing when a run there finished
-    with the same flags on the same data. Returns fairseq-train's exit status."""
-    for key, words in split_extra(extra):  # a --save-dir among the extra arguments wins
-        if key == "save-dir" and words:
-            save_dir = words[0]
-    save_dir = Path(save_dir) if save_dir else recipe.default_save_dir()
-    changes = recipe_changes(extra)
+def prior_run(recipe: Recipe, save_dir: Path, data, changes) -> Tuple[Optional[dict], dict, dict]:
+    """(the run in ``save_dir`` or None, the data's identity, the flags to train with); a run with
+    checkpoints and other flags is refused: fairseq-train would resume it with these."""
     flags = merged_flags(recipe, changes)
     run, identity = check_record(recipe, data, save_dir / RUN_RECORD, "a run")
-    if run and run.get("rc") == 0 and run.get("flags") == flags:
+    if run and run.get("flags") != flags:
+        raise ConfigError(f"{save_dir} holds a run with other fairseq-train flags "
+                          f"({flag_changes(run.get('flags', {}), flags)}): use another folder or remove that one")
+    return run, identity, flags
+
+
+def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, gpu: Optional[bool] = None,
+          threads: Optional[int] = None, echo=lambda line: print(line, end="", flush=True), log=print) -> int:
+    """fairseq-train into ``save_dir`` (train.log, run record), or nothing when a run there finished with the
+    same flags on the same data. Returns fairseq-train's exit status; ^C leaves a record a relaunch resumes."""
+    save_dir = next((words[0] for key, words in split_extra(extra) if key == "save-dir" and words), save_dir)
+    save_dir, changes = Path(save_dir) if save_dir else recipe.default_save_dir(), recipe_changes(extra)
+    run, identity, flags = prior_run(recipe, save_dir, data, changes)
+    if run and run.get("rc") == 0:
         # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
         log(f"== {recipe.name}: reusing the finished run in {save_dir}")
         return 0
-    argv = train_argv(recipe, save_dir=save_dir, extra=extra, data=data, gpu=gpu, gpus=gpus,
-                      bn_sync_stats=bn_sync_stats)
+    argv = train_argv(recipe, save_dir=save_dir, extra=extra, data=data, gpu=gpu)
     check_flags(recipe, argv[1:])
     save_dir.mkdir(parents=True, exist_ok=True)
-    record = {"config": str(recipe.path), "flags": flags, "extra": changes, **identity,
-              "gpus": 0 if "--cpu" in argv else gpus, "bn_sync_stats": "--bn-sync-stats" in argv,
-              "rc": None, "seconds": None}
-    write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+    record, t0 = {"config": str(recipe.path), "flags": flags, "extra": changes, **identity, "rc": None,
+                  "device": "cpu" if "--cpu" in argv else "gpu"}, time.time()
+
+    def save(**outcome):
+        record.update(outcome, seconds=round(time.time() - t0, 1))
+        write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+    save()
     log("$ " + shlex.join(argv))
-    t0 = time.time()
-    rc, _ = run_logged(argv, save_dir / "train.log", echo, child_env(threads))
-    record.update(rc=rc, seconds=round(time.time() - t0, 1))
-    write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+    try:
+        rc = run_logged(argv, save_dir / "train.log", echo, child_env(threads), "a")[0]  # a relaunch goes on
+    except KeyboardInterrupt:
+        save(interrupted=True)
+        then = "resumes it from checkpoint_last.pt" if (save_dir / "checkpoint_last.pt").exists() else "starts it again"
+        raise KeyboardInterrupt(f"fairseq-train stopped; the same command {then} ({save_dir})") from None
+    save(rc=rc)
     return rc
 
 
-def describe_choice(ev) -> str:
+def describe_choice(recipe: Recipe) -> str:
     """Which checkpoint a config evaluates, in words (results table)."""
-    if ev["checkpoint"]:
-        return f"checkpoint_{ev['checkpoint']}.pt"
-    if ev["average_last_epochs"]:
-        return f"average of the last {ev['average_last_epochs']} epoch checkpoints"
-    return f"average of the last {ev['average_last_updates']} update checkpoints"
+    if recipe.evaluate["checkpoint"]:
+        return f"checkpoint_{recipe.evaluate['checkpoint']}.pt"
+    return "average of the last {1} {0} checkpoints".format(*averaging(recipe))
+
+
+def averaging(recipe: Recipe) -> Tuple[str, int]:
+    """(epoch or update, how many) of the checkpoints a config averages."""
+    epochs, updates = recipe.evaluate["average_last_epochs"], recipe.evaluate["average_last_updates"]
+    return ("epoch", epochs) if epochs else ("update", updates)
+
+
+def averaged_path(ckdir: Path, kind: str, n: int) -> Path:  # the average of the last n checkpoints
+    return ckdir / (f"averaged_last{n}" + ("_updates" if kind == "update" else "") + ".pt")
 
 
 def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print) -> Tuple[Path, List[Path]]:
     """checkpoint_best/last.pt, or the average of the last N epoch/update checkpoints: (path, [inputs])."""
-    from normplug.tools.common import numbered_checkpoints
+    import torch
 
+    from normplug.tools.average import average
+    from normplug.tools.common import atomic_path, numbered_checkpoints
     ev, train_first = recipe.evaluate, f"train first (normplug-recipe train {recipe.path})"
     if ev["checkpoint"]:
         path = ckdir / f"checkpoint_{ev['checkpoint']}.pt"
         if not path.exists():
             raise ConfigError(f"no {path.name} in {ckdir}: {train_first}")
         return path, [path]
-    kind, n = ("epoch", ev["average_last_epochs"]) if ev["average_last_epochs"] else \
-        ("update", ev["average_last_updates"])
+    kind, n = averaging(recipe)
     found = [Path(p) for p in numbered_checkpoints(str(ckdir), kind)] if ckdir.is_dir() else []
-    if not found:
-        last = ckdir / "checkpoint_last.pt"
-        if not last.exists():
-            raise ConfigError(f"no {kind} checkpoints in {ckdir}: {train_first}")
-        log(f"no {kind} checkpoints in {ckdir} (the recipe averages the last {n}): decoding {last.name}")
-        return last, [last]
-    chosen = found[-n:]
+    chosen = found[-n:] or [p for p in [ckdir / "checkpoint_last.pt"] if p.exists()]  # a shortened run's
+    if not chosen:
+        raise ConfigError(f"no {kind} checkpoints in {ckdir}: {train_first}")
     if len(chosen) < n:
-        log(f"only {len(chosen)} {kind} checkpoint(s) in {ckdir}, the recipe averages {n}: averaging those")
+        log(f"{ckdir} holds {len(found)} of the {n} {kind} checkpoints the config averages: using "
+            f"{', '.join(p.name for p in chosen)}")
     if len(chosen) == 1:
         return chosen[0], chosen
-    stem = f"averaged_last{len(chosen)}" + ("_updates" if kind == "update" else "")
-    out, stamp = ckdir / f"{stem}.pt", ckdir / f"{stem}.inputs"
-    wanted = "\n".join(f"{p.name} {p.stat().st_mtime_ns}" for p in chosen)
+    out = averaged_path(ckdir, kind, len(chosen))
+    stamp, wanted = out.with_suffix(".inputs"), "\n".join(f"{p.name} {p.stat().st_mtime_ns}" for p in chosen)
     if out.exists() and stamp.exists() and stamp.read_text() == wanted:
         log(f"reusing {out} (average of {', '.join(p.name for p in chosen)})")
         return out, chosen
-    run_checked([sys.executable, "-m", "normplug.tools.average", "--inputs", *map(str, chosen),
-                 "--output", str(out)], "normplug-average")
+    with atomic_path(str(out)) as tmp:  # normplug-average, in process
+        torch.save(average([str(p) for p in chosen]), tmp)
     stamp.write_text(wanted)
     log(f"averaged {', '.join(p.name for p in chosen)} -> {out}")
     return out, chosen
+
+
+def train_command(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None) -> str:
+    """What :func:`train` runs, as a reader would type it."""
+    return shlex.join(["fairseq-train", *train_argv(recipe, save_dir, extra, data, exe=False)])
+
+
+def evaluate_commands(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra=()) -> List[str]:
+    """What :func:`evaluate` runs, as a reader would type it: the average of the checkpoints the config
+    names (normplug-average), then fairseq-generate, or fairseq-eval-lm without and with context."""
+    ckdir, ev, argvs = Path(ckdir) if ckdir else recipe.default_save_dir(), recipe.evaluate, []
+    path = Path(checkpoint) if checkpoint else ckdir / f"checkpoint_{ev['checkpoint']}.pt"
+    if not checkpoint and not ev["checkpoint"]:
+        kind, n = averaging(recipe)
+        path = averaged_path(ckdir, kind, n)
+        argvs.append(["normplug-average", "--inputs", str(ckdir), f"--num-{kind}-checkpoints", str(n),
+                      "--output", str(path)])
+    if recipe.task == "translation":
+        argvs.append(["fairseq-generate", *generate_argv(recipe, path, data, extra=extra, exe=False)])
+    else:
+        argvs += [["fairseq-eval-lm", *eval_lm_argv(recipe, path, context, data, extra=extra, exe=False)]
+                  for context in (0, ev["context_window"])]
+    return [shlex.join(argv) for argv in argvs]
 
 
 def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_generate=(),
@@ -147,11 +207,17 @@ def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_gener
     t0 = time.time()
     scores_path = ckdir / f"scores-{recipe.name}.json"
     identity = check_record(recipe, data, scores_path, f"{scores_path.name}, scored")[1]
+    run = read_json(ckdir / RUN_RECORD)
+    changed = run and not checkpoint and flag_changes(run.get("flags", {}), merged_flags(recipe, run.get("extra", [])))
+    if changed:
+        raise ConfigError(f"{ckdir} is stale: trained with other flags than {recipe.path} gives now ({changed}); "
+                          "train it again, or name a checkpoint to score with --checkpoint")
     path, inputs = (Path(checkpoint), [Path(checkpoint)]) if checkpoint else choose_checkpoint(recipe, ckdir, log)
     scores = {"config": str(recipe.path), "name": recipe.name, "checkpoint": str(path),
-              "checkpoint_choice": "given on the command line" if checkpoint else describe_choice(recipe.evaluate),
+              "checkpoint_choice": "given on the command line" if checkpoint else describe_choice(recipe),
               "averaged": [p.name for p in inputs], **identity,
-              **SCORING[recipe.task].score(recipe, path, ckdir, data=data, extra=extra_generate, log=log)}
+              **(score_translation if recipe.task == "translation" else score_language_model)(
+                  recipe, path, ckdir, data=data, extra=extra_generate, log=log)}
     scores.update(published=recipe.published, metric=recipe.metric,
                   settings={k: v for k, v in recipe.evaluate.items() if k not in CHECKPOINT_CHOICES},
                   seconds=round(time.time() - t0, 1),
@@ -161,3 +227,146 @@ def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_gener
     write_atomic(scores_path, json.dumps(scores, indent=2) + "\n")
     log(f"wrote {scores_path}")
     return scores
+
+
+# scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
+SECOND_SCORES = ("sacrebleu", "sacrebleu_references", "sacrebleu_signature", "sliding_window_perplexity",
+                 "sliding_window_context")
+RESULT_COLUMNS = ["config", "dataset", "setting", "norm", "paper", "metric", "better", "published", "ours",
+                  "delta", *SECOND_SCORES, "evaluated", "checkpoints_averaged", "train_seconds", "status"]
+ARROWS = {"higher": "↑", "lower": "↓"}
+EXPLANATION = """\
+Ours = the published metric computed as the paper did (BLEU: fairseq's scorer on the tokenized,
+BPE-removed output, compound-split for WMT; perplexity: on non-overlapping windows of the training
+length). Δ = ours − published (BLEU ↑: positive beats the paper; perplexity ↓: negative does). Also:
+sacreBLEU (below), or fairseq's sliding-window perplexity with `context` tokens before each window.
+Status: `full` = the config as written; `modified (...)` = with extra fairseq-train arguments (fewer
+updates, several GPUs and so BN statistics per GPU...: not the paper's run); `not run`; `trained, not
+evaluated`; `interrupted` (a relaunch resumes it); `stale` = the config changed after the run, or the
+scores are of other data; `failed: ...`."""
+
+
+def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> str:
+    """What the run and scores of a row say: not run, interrupted, failed, stale, trained but not
+    evaluated, modified or full."""
+    if run is None:
+        return "not run" if scores is None else "full (training not recorded)"
+    if run.get("rc") is None:
+        return "interrupted (a relaunch resumes it)" if run.get("interrupted") else "unfinished: training, or killed"
+    if run["rc"] != 0:
+        return f"failed: fairseq-train exited {run['rc']}"
+    changed = flag_changes(run.get("flags", {}), merged_flags(recipe, run.get("extra", [])))
+    if changed:
+        return f"stale: the config changed after this run ({changed})"
+    if scores is None:
+        return "trained, not evaluated"
+    if "data" in scores and (scores["data"], scores.get("dictionaries")) != (run.get("data"), run.get("dictionaries")):
+        return f"stale: scored on other data ({scores['data']}) than the run trained on"
+    return f"modified (extra args: {' '.join(run['extra'])})" if run.get("extra") else "full"
+
+
+def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict[str, object]:
+    """One table row from what a run left in ``out/<training name>`` (after a ``failure``: no old scores)."""
+    ckdir = out / recipe.training_name
+    run = read_json(ckdir / RUN_RECORD)
+    ours, metric_name, better = ("tokenized_bleu", "BLEU", "higher") if recipe.task == "translation" else \
+        ("perplexity", "perplexity", "lower")
+    row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting, "norm": recipe.norm,
+           "paper": recipe.paper, "metric": recipe.metric, "better": better, "metric_name": metric_name,
+           "published": recipe.published, "evaluated": describe_choice(recipe),
+           "train_seconds": (run or {}).get("seconds")}
+    scores = None if failure else read_json(ckdir / f"scores-{recipe.name}.json")
+    row["status"] = "failed: " + failure if failure else row_status(recipe, run, scores)
+    if scores:
+        row.update({k: scores.get(k) for k in SECOND_SCORES}, ours=scores.get(ours),
+                   checkpoints_averaged=" ".join(scores["averaged"]))
+        if recipe.published is not None and row["ours"] is not None:
+            row["delta"] = round(row["ours"] - recipe.published, 2)
+    return row
+
+
+def fmt(v, digits=2) -> str:
+    return "—" if v is None or v == "" else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _second_score(row) -> str:
+    if row.get("sacrebleu") is not None:
+        return f"sacreBLEU {row['sacrebleu']:.2f}"
+    if row.get("sliding_window_perplexity") is not None:
+        return f"sliding window, context {row['sliding_window_context']}: {row['sliding_window_perplexity']:.2f}"
+    return "—"
+
+
+def write_csv(path: Path, rows, columns):
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    w.writerows({k: ("" if row.get(k) is None else row[k]) for k in columns} for row in rows)
+    write_atomic(path, buf.getvalue())
+
+
+def write_results(rows, out: Path) -> List[str]:
+    """results.csv and results.md in ``out``; returns the table's lines."""
+    write_csv(out / "results.csv", rows, RESULT_COLUMNS)
+    table = ["| config | dataset | setting | norm | metric | published | ours | Δ | also | evaluated | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    table += ["| " + " | ".join([r["config"], r["dataset"], r["setting"], r["norm"],
+                                 f"{r['metric_name']} {ARROWS[r['better']]}", fmt(r.get("published"), 1),
+                                 fmt(r.get("ours")), fmt(r.get("delta")), _second_score(r),
+                                 r["evaluated"], r["status"].replace("|", "\\|")]) + " |" for r in rows]
+    refs = {}  # the references and signature of each sacreBLEU: the rows scored with them
+    for r in rows:
+        if r.get("sacrebleu_references"):
+            refs.setdefault(f"the {r['sacrebleu_references']} (`{r['sacrebleu_signature']}`)", []).append(r["config"])
+    lines = ["# normplug: reproduction results", "", EXPLANATION, "", *table, "", "sacreBLEU: sacremoses-detokenized "
+             "hypotheses against", *[f"- {k}: {', '.join(v)}" for k, v in refs.items()], "", "Papers:", "",
+             *[f"- {paper}" for paper in sorted({r["paper"] for r in rows})], ""]
+    write_atomic(out / "results.md", "\n".join(lines))
+    return table
+
+
+def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None, table_only=False,
+              dry_run=False, log=print) -> int:
+    """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what runs
+    left there; ``dry_run``: print the commands, touch nothing); results.md / results.csv in ``out``.
+    Returns an exit status."""
+    out = Path(out)
+    recipes = [load_config(p) for p in config_paths]  # every config is checked before any work
+    if table_only and extra:
+        raise ConfigError(f"table trains nothing: extra fairseq-train arguments ({' '.join(extra)}) have no effect")
+    if any(key == "save-dir" for key, _ in split_extra(extra)):
+        raise ConfigError("reproduce trains each config into --out/<name>: --save-dir has no place here")
+    if dry_run:
+        for i, recipe in enumerate(recipes):  # a shared training once
+            ckdir, first = out / recipe.training_name, all(r.training_name != recipe.training_name for r in recipes[:i])
+            log("\n".join([f"# {recipe.name}", *[train_command(recipe, ckdir, extra, data)] * first,
+                           *evaluate_commands(recipe, ckdir, data)]))
+        return 0
+    for recipe in [] if table_only else recipes:
+        ckdir = out / recipe.training_name
+        prior_run(recipe, ckdir, data, recipe_changes(extra))
+        check_flags(recipe, train_argv(recipe, ckdir, extra, data, exe=False))
+    out.mkdir(parents=True, exist_ok=True)
+    rows, trained, failed = [], {}, 0
+    for recipe in recipes:
+        ckdir = out / recipe.training_name
+        try:
+            if not table_only:
+                if recipe.training_name not in trained:
+                    log(f"== {recipe.name}: training into {ckdir}")
+                    trained[recipe.training_name] = train(recipe, ckdir, extra, data, echo=None, log=log)
+                if trained[recipe.training_name] != 0:
+                    raise RuntimeError(f"fairseq-train exited {trained[recipe.training_name]}; "
+                                       f"see {ckdir / 'train.log'}")
+                log(f"== {recipe.name}: evaluating")
+                evaluate(recipe, ckdir, data=data, log=log)
+            row = result_row(recipe, out)
+        except (RuntimeError, ConfigError, OSError) as err:
+            failed += 1
+            row = result_row(recipe, out, failure=" ".join(str(err).split())[:300])
+            log(f"== {recipe.name}: {row['status']}")
+        rows.append(row)
+        table = write_results(rows, out)  # after every config: partial results survive a crash
+    log("\n".join(table))
+    log(f"wrote {out / 'results.md'} and {out / 'results.csv'}")
+    return 1 if failed else 0

@@ -1,13 +1,12 @@
-"""Scores of a checkpoint: translation (tokenized BLEU as the papers scored, sacreBLEU beside
-it) and language models (perplexity, fairseq's sliding window beside it)."""
+"""Scores of a checkpoint: translation (tokenized BLEU as the papers scored, sacreBLEU beside it) and
+language models (perplexity, fairseq's sliding window beside it)."""
 import re
 import shlex
-import subprocess
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import child_env, eval_lm_argv, generate_argv, run_checked
-from .config import ConfigError, Recipe
+from .commands import eval_lm_argv, generate_argv, run_checked
+from .config import Recipe
 
 
 def parse_generate(text: str) -> Tuple[List[str], List[str]]:
@@ -19,9 +18,8 @@ def parse_generate(text: str) -> Tuple[List[str], List[str]]:
         if m:  # H-<id> <tab> score <tab> text; T-<id> <tab> text (an empty text may lose its field)
             n = 2 if m[1] == "H" else 1
             (hyps if m[1] == "H" else refs)[int(m[2])] = fields[n] if len(fields) > n else ""
-    missing = [i for i in refs if i not in hyps]
-    if missing:
-        raise RuntimeError(f"fairseq-generate gave no hypothesis for {len(missing)} sentence(s)")
+    if set(refs) - set(hyps):
+        raise RuntimeError(f"fairseq-generate gave no hypothesis for {len(set(refs) - set(hyps))} sentence(s)")
     ids = sorted(refs)
     return [hyps[i] for i in ids], [refs[i] for i in ids]
 
@@ -35,7 +33,6 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lowercase=False, sp
     """(BLEU, result string) of tokenized text by fairseq's scorer (multi-bleu.perl's), as the papers did."""
     from fairseq.data import Dictionary
     from fairseq.scoring.bleu import BleuConfig, Scorer
-
     d = Dictionary()
     scorer = Scorer(BleuConfig(pad=d.pad(), eos=d.eos(), unk=d.unk()))
     for ref, hyp in zip(refs, hyps):
@@ -50,40 +47,19 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lowercase=False, sp
 def detokenize(lines: Sequence[str], lang: str) -> List[str]:
     """Moses-detokenize (sacremoses), as fairseq's scripts/sacrebleu.sh does before scoring."""
     from sacremoses import MosesDetokenizer
-
     md = MosesDetokenizer(lang=lang)
     return [md.detokenize(line.split()) for line in lines]
 
 
-def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str], lowercase=False):
-    """sacreBLEU of detokenized hypotheses against one reference set: (score, signature)."""
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU(lowercase=lowercase)
-    return bleu.corpus_score(list(hyps), [list(refs)]).score, str(bleu.get_signature())
-
-
 def official_references(test_set: str, langpair: str) -> List[str]:
-    """A sacrebleu test set's references, fetched once into ``$SACREBLEU``; a failed fetch leaves that
-    folder as it was (sacrebleu would leave a lock and a partial file)."""
+    """A sacrebleu test set's references, fetched once into ``$SACREBLEU``."""
     import sacrebleu.utils
-
-    root = Path(sacrebleu.utils.SACREBLEU_DIR)
-    existed = root.exists()
-    before = set(root.rglob("*")) if existed else set()
     try:
         (ref_file,) = sacrebleu.utils.get_reference_files(test_set, langpair)
     except (OSError, SystemExit) as err:  # URLError offline; sacrebleu exits on SSL/md5 errors
-        created = set(root.rglob("*")) - before if root.exists() else set()
-        for path in sorted(created, key=lambda p: len(p.parts), reverse=True):  # files, then folders
-            path.rmdir() if path.is_dir() else path.unlink()
-        if not existed and root.exists():
-            root.rmdir()
-        raise RuntimeError(
-            f"cannot fetch the official {test_set} {langpair} references "
-            f"({' '.join(str(err).split()) or type(err).__name__}); sacreBLEU downloads them once into "
-            f"{root / test_set}: offline, copy that folder from a machine where `sacrebleu -t {test_set} "
-            f"-l {langpair} --echo ref > /dev/null` has run (or point $SACREBLEU at a copy)") from None
+        raise RuntimeError(f"cannot fetch the official {test_set} {langpair} references ({' '.join(str(err).split())}"
+                           f"); offline, copy {Path(sacrebleu.utils.SACREBLEU_DIR) / test_set} from a machine where "
+                           f"`sacrebleu -t {test_set} -l {langpair} --echo ref > /dev/null` has run") from None
     with open(ref_file, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 
@@ -96,8 +72,8 @@ def score(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str],
     tok, detail = tokenized_bleu(hyps, refs, lowercase=ev["lowercase"], split=ev["compound_split"])
     case = "lowercased" if ev["lowercase"] else "cased"
     if official is None:
-        sacre_refs = detokenize(refs, ev["detok_lang"])
-        label = f"{case} references of the binarized test set, sacremoses-detokenized"
+        sacre_refs, label = detokenize(refs, ev["detok_lang"]), f"{case} references of the binarized test set, " \
+            "sacremoses-detokenized"
     else:
         test_set, pair = ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}"
         if len(official) != len(hyps):
@@ -105,28 +81,22 @@ def score(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str],
                                f"official {test_set} {pair} references {len(official)}: sacreBLEU "
                                "needs the same test set, in its order")
         sacre_refs, label = official, f"official {test_set} {pair} references ({case})"
-    sacre, signature = sacrebleu_score(detokenize(hyps, ev["detok_lang"]), sacre_refs, ev["lowercase"])
+    from sacrebleu.metrics import BLEU
+    bleu = BLEU(lowercase=ev["lowercase"])
+    sacre = bleu.corpus_score(detokenize(hyps, ev["detok_lang"]), [list(sacre_refs)]).score
     return {"tokenized_bleu": round(tok, 2), "tokenized_bleu_detail": detail,
             "tokenized_bleu_settings": {k: ev[k] for k in ("lowercase", "compound_split", "remove_bpe")},
-            "sacrebleu": round(sacre, 2), "sacrebleu_signature": signature,
+            "sacrebleu": round(sacre, 2), "sacrebleu_signature": str(bleu.get_signature()),
             "sacrebleu_references": label}
 
 
 def score_translation(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, extra=(), log=print):
     """Decode the test set with fairseq-generate and score it (:func:`score`)."""
-    ev = recipe.evaluate
-    official = None
-    if ev["sacrebleu_test_set"]:  # fetched before decoding: an offline machine fails at once
-        official = official_references(ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}")
+    test_set = recipe.evaluate["sacrebleu_test_set"]  # fetched before decoding: offline fails at once
+    official = official_references(test_set, f"{recipe.source_lang}-{recipe.target_lang}") if test_set else None
     argv = generate_argv(recipe, checkpoint, data=data, extra=extra)
-    out, err = ckdir / f"generate-{recipe.name}.txt", ckdir / f"generate-{recipe.name}.log"
     log("$ " + shlex.join(argv))
-    with open(out, "w", encoding="utf-8") as stdout, open(err, "w", encoding="utf-8") as stderr:
-        rc = subprocess.run(argv, stdout=stdout, stderr=stderr, env=child_env()).returncode
-    if rc != 0:
-        raise RuntimeError(f"fairseq-generate failed (exit {rc}); see {err}:\n"
-                           + err.read_text(encoding="utf-8")[-3000:])
-    hyps, refs = parse_generate(out.read_text(encoding="utf-8"))
+    hyps, refs = parse_generate(run_checked(argv, "fairseq-generate", ckdir / f"generate-{recipe.name}.txt"))
     scores = {"sentences": len(hyps), **score(recipe, hyps, refs, official)}
     log(f"{recipe.name}: tokenized BLEU {scores['tokenized_bleu']:.2f} ({scores['tokenized_bleu_detail']})")
     log(f"{recipe.name}: sacreBLEU {scores['sacrebleu']:.2f} on the {scores['sacrebleu_references']}  "
@@ -144,16 +114,12 @@ def parse_eval_lm(text: str) -> Tuple[int, float]:
 
 
 def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, extra=(), log=print):
-    """Test perplexity = 2 ** (fairseq-eval-lm's mean loss in bits), twice: non-overlapping
-    windows of the training length (the published figure) and fairseq's sliding window. Both
-    must score every token: fairseq-eval-lm skips windows longer than the model's positions."""
+    """Test perplexity = 2 ** (fairseq-eval-lm's mean loss in bits), on non-overlapping windows of the
+    training length (the published figure) and fairseq's sliding window, each scoring every token of the
+    split (check_data saw it): fairseq-eval-lm skips windows longer than the model's positions."""
     from fairseq.data import data_utils
-
     ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
-    prefix = recipe.data_path(data) / ev["gen_subset"]
-    dataset = data_utils.load_indexed_dataset(str(prefix), None)
-    if dataset is None:
-        raise ConfigError(f"no binarized split {prefix.name!r} in {prefix.parent}")
+    dataset = data_utils.load_indexed_dataset(str(recipe.data_path(data) / ev["gen_subset"]), None)
     expected = int(dataset.sizes.sum())  # end-of-line symbols included
     scores = {"tokens": expected}
     for prefix, context in (("", 0), ("sliding_window_", ev["context_window"])):
@@ -166,27 +132,7 @@ def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, data=Non
                                f"{ev['gen_subset']} split (it skips windows longer than the model's "
                                f"positions); see {log_path}")
         scores.update({prefix + "perplexity": round(2 ** bits, 2), prefix + "loss_bits": bits})
-    scores.update(
-        windows=f"non-overlapping windows of {length} tokens, no context beyond the window "
-                f"(fairseq-eval-lm --tokens-per-sample {length} --context-window 0)",
-        sliding_window_context=ev["context_window"],
-        sliding_window_windows=f"fairseq's sliding window: windows of {length} tokens, each scoring its last "
-                               f"{length - ev['context_window']} with the {ev['context_window']} before "
-                               f"as context (--tokens-per-sample {length} --context-window {ev['context_window']})")
-    log(f"{recipe.name}: perplexity {scores['perplexity']:.2f} ({scores['windows']}; {expected:,} tokens)")
-    log(f"{recipe.name}: sliding-window perplexity {scores['sliding_window_perplexity']:.2f} "
-        f"({scores['sliding_window_windows']})")
-    return scores
-
-
-class Scoring(NamedTuple):
-    """How a task's checkpoints are scored: score(recipe, checkpoint, ckdir, data, extra, log) -> scores;
-    published_score is compared with `published`, named metric in the table, better higher or lower."""
-    score: Callable
-    published_score: str
-    metric: str
-    better: str
-
-
-SCORING = {"translation": Scoring(score_translation, "tokenized_bleu", "BLEU", "higher"),
-           "language_modeling": Scoring(score_language_model, "perplexity", "perplexity", "lower")}
+    log(f"{recipe.name}: perplexity {scores['perplexity']:.2f} (non-overlapping windows of {length} tokens; "
+        f"{expected:,} tokens); sliding window with {ev['context_window']} tokens of context: "
+        f"{scores['sliding_window_perplexity']:.2f}")
+    return {**scores, "sliding_window_context": ev["context_window"]}

@@ -1,10 +1,6 @@
 """``normplug-average``: average fairseq checkpoints as fairseq's scripts/average_checkpoints.py
 does (element-wise means of floating-point tensors, the rest from the input with the most updates),
-optionally re-estimating the population statistics of their BN/PN layers ("precise BN").
-
-    normplug-average --inputs checkpoints/ --num-epoch-checkpoints 6 --output avg_reest.pt \\
-        --reestimate-stats --data data-bin/iwslt14 --max-batches 200
-"""
+optionally re-estimating the population statistics of their BN/PN layers ("precise BN") (README.md)."""
 import argparse
 import os
 import sys
@@ -12,9 +8,9 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from .common import (ToolError, add_data_args, atomic_path, check_data_args, checkpoint_info,
+from .common import (ToolError, add_data_args, atomic_path, checkpoint_info,
                      configure_logging, device_for, hook_norm_inputs, iterate_batches, load_model,
-                     numbered_checkpoints, raw_load, run_model, run_tool)
+                     need_fairseq, numbered_checkpoints, positive, raw_load, run_model, run_tool)
 
 PROG = "normplug-average"
 
@@ -27,9 +23,9 @@ def build_parser():
                    "--num-update-checkpoints")
     p.add_argument("--output", required=True, metavar="PATH", help="averaged checkpoint to write")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+    which.add_argument("--num-epoch-checkpoints", type=positive, metavar="N",
                        help="average the last N checkpointE.pt of the save dir")
-    which.add_argument("--num-update-checkpoints", type=int, metavar="N",
+    which.add_argument("--num-update-checkpoints", type=positive, metavar="N",
                        help="average the last N checkpoint_E_U.pt of the save dir")
     r = p.add_argument_group("re-estimation of population statistics")
     r.add_argument("--reestimate-stats", action="store_true",
@@ -42,19 +38,14 @@ def build_parser():
 def select_inputs(args) -> List[str]:
     """The checkpoint files to average, oldest first."""
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
-    if args.num_epoch_checkpoints is None and args.num_update_checkpoints is None:
-        for path in args.inputs:
-            if os.path.isdir(path):
-                raise ToolError(f"{path} is a directory: pass --num-epoch-checkpoints N or "
-                                "--num-update-checkpoints N to pick checkpoints from it")
-            if not os.path.exists(path):
-                raise ToolError(f"checkpoint not found: {path}")
+    if n is None:
+        directory = next((path for path in args.inputs if os.path.isdir(path)), None)
+        if directory:
+            raise ToolError(f"{directory} is a directory: pass --num-epoch-checkpoints N or "
+                            "--num-update-checkpoints N to pick checkpoints from it")
         return list(args.inputs)
-    if not n or n <= 0:
-        raise ToolError("the number of checkpoints to average must be > 0")
     if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
-        raise ToolError("--num-epoch-checkpoints / --num-update-checkpoints need one save directory "
-                        "as --inputs")
+        raise ToolError("--num-epoch-checkpoints / --num-update-checkpoints need one save directory as --inputs")
     kind = "epoch" if args.num_epoch_checkpoints else "update"
     found = numbered_checkpoints(args.inputs[0], kind)
     if len(found) < n:
@@ -89,13 +80,9 @@ def average(paths: List[str]) -> dict:
             newest, state = i, loaded  # only this one is kept whole: optimizer states are large
     order = [newest] + [i for i in range(len(paths)) if i != newest]
     state["model"] = average_model_states([models[i] for i in order], [paths[i] for i in order])
-    state.setdefault("extra_state", {})
-    state["extra_state"]["normplug_average"] = {
-        "inputs": [os.path.abspath(p) for p in paths],
-        "num_updates": [info.num_updates for info in infos],
-        "metadata_from": os.path.abspath(paths[newest]),
-        "reestimated": None,
-    }
+    state.setdefault("extra_state", {})["normplug_average"] = {
+        "inputs": [os.path.abspath(p) for p in paths], "num_updates": [info.num_updates for info in infos],
+        "metadata_from": os.path.abspath(paths[newest]), "reestimated": None}
     return state
 
 
@@ -143,8 +130,7 @@ def reestimate(state: dict, tmp_path: str, args) -> int:
     model, task, _ = load_model(tmp_path, args.data)
     device = device_for(args)
     model.to(device)
-    batches = iterate_batches(task, model, args.split, args.max_tokens, args.batch_size,
-                              args.max_batches, seed=args.seed)
+    batches = iterate_batches(task, model, args.split, args.max_tokens, args.max_batches, seed=args.seed)
     count = reestimate_population_statistics(model, batches, device)
     new = model.state_dict()
     for key, value in state["model"].items():
@@ -160,17 +146,16 @@ def main(argv=None):
     configure_logging(args.verbose)
 
     def body():
-        check_data_args(args)
         if args.data is not None and not args.reestimate_stats:
             raise ToolError("--data is only used with --reestimate-stats")
+        if args.reestimate_stats:
+            need_fairseq(f"{PROG} --reestimate-stats")
         paths = select_inputs(args)
         if os.path.realpath(args.output) in map(os.path.realpath, paths):
-            raise ToolError(f"--output {args.output} is one of the inputs: "
-                            "write the average to another file")
+            raise ToolError(f"--output {args.output} is one of the inputs: write the average to another file")
         state = average(paths)
-        source = state["extra_state"]["normplug_average"]["metadata_from"]
-        print(f"averaged {len(paths)} checkpoint(s): {', '.join(paths)} "
-              f"(configuration and counters from {source})")
+        print(f"averaged {len(paths)} checkpoint(s): {', '.join(paths)} (configuration and counters from "
+              f"{state['extra_state']['normplug_average']['metadata_from']})")
         with atomic_path(args.output) as tmp:
             torch.save(state, tmp)
             if args.reestimate_stats:

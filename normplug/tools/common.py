@@ -1,14 +1,17 @@
-"""What ``normplug-tid`` and ``normplug-average`` share: reading checkpoints and data
-splits, one-line errors, and outputs that are never left half-written."""
+"""What ``normplug-tid``, ``normplug-average`` and the recipe driver share: finding fairseq, reading
+checkpoints and data splits, one-line errors, and outputs that are never left half-written."""
+import argparse
 import itertools
 import logging
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional
 
 import torch
@@ -18,6 +21,28 @@ from ..errors import NormplugError
 
 class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
+
+
+# setup.py's fairseq extra; installed without its dependencies, which pull torchaudio and a second torch
+FAIRSEQ = "fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2"
+INSTALL_FAIRSEQ = f"pip install --no-deps --no-build-isolation {FAIRSEQ} (README: fairseq is not a dependency)"
+
+
+def need_fairseq(what: str):
+    """Refuse in one line, with the install command, where fairseq does not import."""
+    try:
+        import fairseq  # noqa: F401
+    except ImportError as err:
+        raise ToolError(f"{what} needs fairseq ({first_line(err)}): {INSTALL_FAIRSEQ}") from None
+
+
+def fairseq_exe(tool: str) -> str:
+    """``fairseq-train`` etc. next to the running interpreter, else from PATH."""
+    here = Path(sys.executable).parent / tool
+    found = str(here) if here.exists() else shutil.which(tool)
+    if not found:
+        raise ToolError(f"{tool} is neither next to {sys.executable} nor on PATH: {INSTALL_FAIRSEQ}")
+    return found
 
 
 def first_line(err: BaseException) -> str:
@@ -33,25 +58,22 @@ def configure_logging(verbose: bool):
         warnings.filterwarnings("ignore")
 
 
+def positive(text: str) -> int:
+    """argparse's type of a count: a whole number over 0."""
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number over 0, got {text!r}")
+    return int(text)
+
+
 def add_data_args(group, split: str, purpose: str):
     """The data and batching options both tools read a split with."""
-    group.add_argument("--data", metavar="DIR",
-                       help="binarized data directory (default: the one recorded in the checkpoint)")
+    group.add_argument("--data", metavar="DIR", help="binarized data directory (default: the checkpoint's)")
     group.add_argument("--split", default=split, help=f"data split to {purpose} (default: {split})")
-    group.add_argument("--max-tokens", type=int, default=4096,
+    group.add_argument("--max-tokens", type=positive, default=4096,
                        help="tokens per batch; use the training batch size (default: 4096)")
-    group.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: no limit)")
-    group.add_argument("--max-batches", type=int, default=None,
-                       help="use at most K random batches of the split (default: all of them)")
+    group.add_argument("--max-batches", type=positive, help="at most K random batches of the split (default: all)")
     group.add_argument("--seed", type=int, default=1, help="which random batches, in which order (default: 1)")
     group.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
-
-
-def check_data_args(args):
-    for flag in ("max_tokens", "max_batches", "batch_size"):
-        value = getattr(args, flag)
-        if value is not None and value <= 0:
-            raise ToolError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
 
 
 @contextmanager
@@ -97,9 +119,8 @@ def raw_load(path: str) -> dict:
     try:
         state = torch.load(path, map_location="cpu")
     except Exception as err:  # truncated zip, pickle garbage, wrong file type, unsafe global
-        why = ("it pickles an object that weights-only loading refuses"
-               if "Unsupported global" in " ".join(str(err).split())
-               else "truncated, corrupt or not a torch checkpoint")
+        why = "it pickles an object that weights-only loading refuses" if "Unsupported global" in str(err) \
+            else "truncated, corrupt or not a torch checkpoint"
         raise ToolError(f"cannot read checkpoint {path}: {why} ({first_line(err)})") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise ToolError(f"{path} is not a fairseq checkpoint (no 'model' state dict)")
@@ -128,7 +149,6 @@ def numbered_checkpoints(folder: str, kind: str = "any") -> List[str]:
 def load_model(path: str, data: Optional[str] = None):
     """(model in eval mode on the CPU, task, info); ``data`` overrides the recorded data directory."""
     from fairseq import checkpoint_utils
-
     state = raw_load(path)
     info = checkpoint_info(path, state)
     cfg = state.get("cfg")
@@ -149,19 +169,17 @@ def load_model(path: str, data: Optional[str] = None):
     return models[0].eval(), task, info
 
 
-def iterate_batches(task, model, split: str, max_tokens: Optional[int] = 4096,
-                    max_sentences: Optional[int] = None, max_batches: Optional[int] = None,
+def iterate_batches(task, model, split: str, max_tokens: int = 4096, max_batches: Optional[int] = None,
                     seed: int = 1) -> Iterator[dict]:
     """fairseq's length-bucketed batches of ``split`` in a fixed random order, so that
     ``max_batches`` samples every length."""
     from fairseq import utils
-
     try:
         task.load_dataset(split, epoch=1, combine=False)
     except Exception as err:
         raise ToolError(f"cannot load split {split!r}: {first_line(err)}") from None
     itr = task.get_batch_iterator(
-        dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences,
+        dataset=task.dataset(split), max_tokens=max_tokens,
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
         ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=seed, num_workers=0,
         epoch=1, disable_iterator_cache=True,
@@ -171,9 +189,7 @@ def iterate_batches(task, model, split: str, max_tokens: Optional[int] = 4096,
 
 def run_model(model, sample, device):
     """One teacher-forced forward of ``model`` on ``sample``."""
-    from fairseq import utils
-
-    return model(**(utils.move_to_cuda(sample["net_input"]) if device == "cuda" else sample["net_input"]))
+    return model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in sample["net_input"].items()})
 
 
 def hook_norm_inputs(norms, record):

@@ -3,10 +3,4 @@ import os
 
 
 def main():
-    import normplug
-
-    print(os.path.dirname(os.path.abspath(normplug.__file__)))
-
-
-if __name__ == "__main__":
-    main()
+    print(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

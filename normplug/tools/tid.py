@@ -6,10 +6,7 @@ Huang, NeurIPS 2022), measured in eval mode on a held-out split:
 
 μ_B, σ²_B: one batch's real-token statistics as in training; μ̂, σ̂²: the population statistics.
 PowerNorm has no mean statistic (``n/a``). Per layer, batches are averaged token-weighted. TID
-grows as batches shrink: compare checkpoints at the same ``--max-tokens``.
-
-    normplug-tid checkpoints/checkpoint_best.pt --data data-bin/iwslt14
-    normplug-tid checkpoints/ --csv tid.csv --plot tid.png      # every epoch/update checkpoint
+grows as batches shrink: compare checkpoints at the same ``--max-tokens`` (README.md has examples).
 """
 import argparse
 import csv
@@ -22,8 +19,9 @@ import torch
 
 from ..norms import BatchStatNorm
 from ..norms.base import measure_discrepancy, real_tokens
-from .common import (ToolError, add_data_args, atomic_path, check_data_args, configure_logging, device_for,
-                     hook_norm_inputs, iterate_batches, load_model, numbered_checkpoints, run_model, run_tool)
+from .common import (ToolError, add_data_args, atomic_path, configure_logging, device_for,
+                     hook_norm_inputs, iterate_batches, load_model, need_fairseq, numbered_checkpoints, run_model,
+                     run_tool)
 
 PROG = "normplug-tid"
 
@@ -49,15 +47,13 @@ class TIDMeter:
     """Forward pre-hooks on batch-statistics norms that accumulate their TID, token-weighted."""
 
     def __init__(self, norms: Dict[str, BatchStatNorm]):
-        self.norms = norms
-        self.sums = {name: [0.0, 0.0, 0, 0] for name in norms}  # Σ n·mean, Σ n·var, batches, tokens
+        self.norms, self.sums = norms, {name: [0.0, 0.0, 0, 0] for name in norms}  # Σ n·mean, Σ n·var, batches, n
 
     def _record(self, name, module, x, pad_mask):
         measured = batch_tid(module, x, pad_mask)
         if measured is not None:
             tid_mean, tid_var, n = measured
-            added = (n * (tid_mean or 0.0), n * tid_var, 1, n)
-            self.sums[name] = [a + b for a, b in zip(self.sums[name], added)]
+            self.sums[name] = [a + b for a, b in zip(self.sums[name], (n * (tid_mean or 0.0), n * tid_var, 1, n))]
 
     def __enter__(self):
         self.handles = hook_norm_inputs(self.norms, self._record)
@@ -90,7 +86,6 @@ def build_parser():
 
 def run(args):
     """Measure every checkpoint; returns [(CheckpointInfo, [LayerTID])], by update count."""
-    check_data_args(args)
     if args.data is not None and not os.path.isdir(args.data):
         raise ToolError(f"data directory not found: {args.data}")
     paths = []
@@ -111,8 +106,8 @@ def run(args):
                             "for 'batch' and 'power' norms only")
         model.to(device)  # in eval mode: every layer normalises as at inference
         with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
-            for sample in iterate_batches(task, model, args.split, args.max_tokens, args.batch_size,
-                                          args.max_batches, args.seed):
+            for sample in iterate_batches(task, model, args.split, args.max_tokens, args.max_batches,
+                                          args.seed):
                 run_model(model, sample, device)
         layers = meter.results()
         if all(layer.batches == 0 for layer in layers):
@@ -129,19 +124,17 @@ def _label(info, path):
     return path + (f" ({when})" if when else "")
 
 
-def _fmt(v, width=9):
-    return f"{'n/a':>{width}}" if v is None else f"{v:{width}.4f}"
-
-
 def print_table(results, split, out=sys.stdout):
+    def fmt(v):
+        return f"{'n/a':>9}" if v is None else f"{v:9.4f}"
     for info, layers in results:
         batches = max((layer.batches for layer in layers), default=0)
         print(f"{_label(info, info.path)} on {split}: {batches} batches", file=out)
         width = max([5] + [len(layer.layer) for layer in layers])
         print(f"  {'layer':<{width}}  {'norm':<6}  {'tid_mean':>9}  {'tid_var':>9}  {'tokens':>8}", file=out)
         for layer in layers:
-            print(f"  {layer.layer:<{width}}  {layer.norm:<6}  {_fmt(layer.tid_mean)}  "
-                  f"{_fmt(layer.tid_var)}  {layer.tokens:>8}", file=out)
+            print(f"  {layer.layer:<{width}}  {layer.norm:<6}  {fmt(layer.tid_mean)}  "
+                  f"{fmt(layer.tid_var)}  {layer.tokens:>8}", file=out)
     out.flush()
 
 
@@ -149,83 +142,37 @@ CSV_COLUMNS = ["checkpoint", "epoch", "num_updates", "layer", "norm", "tid_mean"
 
 
 def write_csv(results, path):
-    with open(path, "w", newline="") as f:  # csv writes None as an empty cell
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for info, layers in results:
-            for layer in layers:
-                w.writerow([info.path, info.epoch, info.num_updates, layer.layer, layer.norm,
-                            None if layer.tid_mean is None else repr(layer.tid_mean),
-                            repr(layer.tid_var), layer.batches, layer.tokens])
+    with open(path, "w", newline="") as f:  # csv writes None as an empty cell, a float as its repr
+        csv.writer(f).writerows([CSV_COLUMNS] + [[info.path, info.epoch, info.num_updates, *layer]
+                                                 for info, layers in results for layer in layers])
 
 
-PANELS = (("tid_mean", "mean TID  mean_c |μ̂−μ_B| / σ_B"), ("tid_var", "variance TID  mean_c |σ̂/σ_B − 1|"))
-
-
-def _value(layers, name, key):
-    v = next((getattr(layer, key) for layer in layers if layer.layer == name), None)
-    return math.nan if v is None else v
-
-
-def _training_axis(results):
-    """(x values, label) when the checkpoints are distinct points of one run, else None."""
-    for attr, label in (("num_updates", "updates"), ("epoch", "epoch")):
-        xs = [getattr(info, attr) for info, _ in results]
-        if all(x is not None for x in xs) and len(set(xs)) == len(xs):
-            return xs, label
-    return None
-
-
-def draw(results, path, split):
-    """One checkpoint, or checkpoints at the same point of training (e.g. an average before and
-    after re-estimation): bars per layer. Checkpoints of one run at distinct update counts: TID
-    over training, one line per layer."""
+def draw(runs: Dict[str, list], path, split):
+    """Mean and variance TID of every BN/PN layer over the checkpoints of each run (``runs``: label ->
+    :func:`run`'s results), one line per layer and run, x = the checkpoints in training order."""
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    names = list(dict.fromkeys(layer.layer for _, layers in results for layer in layers))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    axis = _training_axis(results) if len(results) > 1 else None
-    for ax, (key, title) in zip(axes, PANELS):
-        if axis is None:  # grouped bars: layers on x, one bar per checkpoint
-            width, top, drawn = 0.8 / len(results), 0.0, 0
-            for j, (info, layers) in enumerate(results):
-                ys = [_value(layers, name, key) for name in names]
-                if not all(math.isnan(y) for y in ys):
-                    ax.bar([i - 0.4 + width * (j + 0.5) for i in range(len(names))], ys, width=width * 0.95,
-                           label=_label(info, os.path.basename(info.path)))
-                    top, drawn = max([top] + [y for y in ys if math.isfinite(y)]), drawn + 1
-            ax.set_xticks(range(len(names)))
-            ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
-            ax.set_xlim(-0.5, len(names) - 0.5)
-            if drawn and len(results) > 1:
-                ax.legend(fontsize=7, loc="upper left")
-                if top > 0:  # room for the legend above the bars
-                    ax.set_ylim(0, top * (1.15 + 0.07 * len(results)))
-            ax.grid(axis="y", alpha=0.3)
-        else:  # lines over training, one per layer
-            xs, xlabel = axis
-            order = sorted(range(len(xs)), key=lambda i: xs[i])
-            drawn = 0
-            for name in names:
-                ys = [_value(results[i][1], name, key) for i in order]
-                if not all(math.isnan(y) for y in ys):
-                    ax.plot([xs[i] for i in order], ys, marker="o", markersize=3, label=name)
-                    drawn += 1
-            if 0 < drawn <= 16:
-                ax.legend(fontsize=7, ncol=2 if drawn > 8 else 1)
-            ax.set_xlabel(xlabel)
-            ax.grid(alpha=0.3)
-        if not drawn:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), dpi=110)
+    ticks = [_label(info, os.path.basename(info.path)) for info, _ in next(iter(runs.values()))]
+    for ax, key, title in zip(axes, ("tid_mean", "tid_var"), ("mean TID  mean_c |μ̂−μ_B| / σ_B",
+                                                             "variance TID  mean_c |σ̂/σ_B − 1|")):
+        for style, (label, results) in zip(("-", "--", ":", "-."), runs.items()):  # a colour per layer
+            for i, name in enumerate(dict.fromkeys(layer.layer for _, layers in results for layer in layers)):
+                ys = [next((getattr(x, key) for x in layers if x.layer == name), None) for _, layers in results]
+                if any(y is not None for y in ys):
+                    ax.plot([math.nan if y is None else y for y in ys], style, color=f"C{i % 10}", marker="o",
+                            label=f"{label} {name}".strip())
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
             ax.text(0.5, 0.5, "n/a (no mean statistic)", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks(range(len(ticks)))
+        ax.set_xticklabels(ticks, rotation=20, ha="right", fontsize=7)
+        ax.set(ylim=(0, None))
         ax.set_title(title, fontsize=10)
-        ax.set_ylim(bottom=0)
-    fig.suptitle(f"TID per layer on {split}: {_label(results[0][0], os.path.basename(results[0][0].path))}"
-                 if len(results) == 1 else
-                 f"TID {'per layer' if axis is None else 'over training'} on {split} ({len(results)} checkpoints)",
-                 fontsize=11)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"TID per layer on {split}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
@@ -236,6 +183,7 @@ def main(argv=None):
     configure_logging(args.verbose)
 
     def body():
+        need_fairseq(PROG)
         if args.plot:  # before any work: matplotlib is an optional extra of the package
             try:
                 import matplotlib  # noqa: F401
@@ -244,7 +192,7 @@ def main(argv=None):
                                 "pip install 'normplug[plot]' (or pip install matplotlib)") from None
         results = run(args)
         print_table(results, args.split)
-        for path, write in ((args.csv, write_csv), (args.plot, lambda rows, tmp: draw(rows, tmp, args.split))):
+        for path, write in ((args.csv, write_csv), (args.plot, lambda rows, tmp: draw({"": rows}, tmp, args.split))):
             if path:
                 with atomic_path(path) as tmp:
                     write(results, tmp)
