@@ -15,13 +15,13 @@ and loss take, and the synthetic data it trains on.
   softmax, cross entropy; WikiText-103 80 tokens, adaptive loss with its cutoffs
   20k/40k/200k of 267,735 types scaled to the synthetic vocabulary of about 3,000).
 """
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
 import normplug
+from normplug.tools.common import fairseq_exe
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = Path(normplug.__file__).resolve().parent  # --user-dir: the normplug this python imports
@@ -41,15 +41,6 @@ class Run(NamedTuple):
     stock_model: Optional[str] = None  # build this fairseq model from the flags ``arch`` sets
 
 
-def fairseq_tool(name: str) -> str:
-    """A fairseq console script next to this python (a venv's bin/), else on PATH."""
-    here = Path(sys.executable).parent / name
-    found = str(here) if here.exists() else shutil.which(name)
-    if not found:
-        raise SystemExit(f"{name} is neither next to {sys.executable} nor on PATH; run `make setup` first")
-    return found
-
-
 def run_quietly(cmd):
     """Run ``cmd``; its output is shown only if it fails (it would bury the benchmark's table)."""
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -67,7 +58,7 @@ def corpus(family, workdir: Path, lines: int) -> Path:
     if family == "translation":
         return bin_dir
     dest = workdir / "lm-bin"
-    run_quietly([fairseq_tool("fairseq-preprocess"), "--only-source", "--trainpref", str(raw / "train.tgt"),
+    run_quietly([fairseq_exe("fairseq-preprocess"), "--only-source", "--trainpref", str(raw / "train.tgt"),
                     "--validpref", str(raw / "valid.tgt"), "--testpref", str(raw / "test.tgt"),
                     "--destdir", str(dest), "--workers", "1"])
     return dest

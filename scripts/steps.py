@@ -30,7 +30,7 @@ class Preparation:
         self.t0 = time.time()
         if not o.no_binarize:  # before hours of text steps
             try:
-                from normplug.recipes import fairseq_exe
+                from normplug.tools.common import fairseq_exe
                 self.preprocess = fairseq_exe("fairseq-preprocess")
             except (ImportError, ValueError) as e:
                 raise PrepareError(f"cannot run fairseq-preprocess ({e}); or pass --no-binarize") from None

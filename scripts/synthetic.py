@@ -190,7 +190,7 @@ def binarize(out_dir, bin_dir):
     out, dest = Path(out_dir), Path(bin_dir)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    from normplug.recipes import fairseq_exe  # next to the running python, else on PATH
+    from normplug.tools.common import fairseq_exe  # next to the running python, else on PATH
 
     subprocess.run([fairseq_exe("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
                     "--trainpref", str(out / "train"), "--validpref", str(out / "valid"),
