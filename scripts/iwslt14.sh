@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash scripts/iwslt14.sh [--dry-run] [ROW ...]: Wang, Wu & Huang (NeurIPS 2022)'s IWSLT14 De-En rows, end to
+# bash scripts/iwslt14.sh [--dry-run] [--gpus=N] [ROW ...]: Wang, Wu & Huang (NeurIPS 2022)'s IWSLT14 De-En rows, end to
 # end: prepares data/data-bin/iwslt14.tokenized.de-en unless it is there (scripts/prepare-iwslt14.sh downloads
 # de-en.tgz), then trains, evaluates and tabulates every row, or the ROWs named (post-ln post-bn post-bn-teststats
 # post-rbn pre-ln pre-bn pre-bn-teststats pre-rbn pre-rbn-mean pre-rbn-var), each the recipe

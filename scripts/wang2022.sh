@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
+#   --gpus=N    spread each row over N GPUs, update-freq divided by N (the effective batch kept), BN statistics
+#               per GPU; the table says so (default: one GPU, as the paper)
 #   --dry-run   print each row's fairseq-train, normplug-average and fairseq-generate command lines, as
 #               the recipe driver would run them on this machine; run nothing, write nothing
 #   -h, --help  this text
 # A rerun reuses the rows that finished and resumes those that were stopped (Ctrl-C).
 set -euo pipefail
 # wang2022.sh PAIR [--dry-run] [ROW ...]: what iwslt14.sh and wmt16.sh run, through the driver: flags stay in configs
-pair=$1 dataset=${1%-*} dry=
+pair=$1 dataset=${1%-*} dry= gpus=
 shift
 cd "$(dirname "$0")/.."
 script=scripts/$dataset.sh py=.venv/bin/python configs=()
@@ -14,6 +16,7 @@ rows=$(cd configs && ls wang2022-"$pair"-*.yaml | sed "s/^wang2022-$pair-//; s/\
 for arg in "$@"; do
     case $arg in
         -h | --help) sed -s -n '2,/^[^#]/s/^# \{0,1\}//p' "$script" scripts/wang2022.sh; exit 0 ;;
+        --gpus=*) gpus=--gpus=${arg#--gpus=} ;;
         --dry-run) dry=--dry-run; export PYTHONDONTWRITEBYTECODE=1 ;;  # not even a .pyc
         -*) echo "$script: unknown option $arg (see --help)" >&2; exit 2 ;;
         *) [[ " $rows " == *" $arg "* ]] || { echo "$script: no row '$arg' (rows: $rows)" >&2; exit 2; }
@@ -23,4 +26,4 @@ done
 [ ${#configs[@]} -gt 0 ] || for row in $rows; do configs+=("configs/wang2022-$pair-$row.yaml"); done
 data=$(sed -n 's/^data: *//p' "configs/base/wang2022-$dataset.yaml")  # the folder the configs read
 [ -n "$dry" ] || [ -d "$data" ] || bash "scripts/prepare-$dataset.sh"
-exec "${PYTHON:-$py}" -m normplug.recipes reproduce "${configs[@]}" --out "runs/wang2022-$dataset" $dry
+exec "${PYTHON:-$py}" -m normplug.recipes reproduce "${configs[@]}" --out "runs/wang2022-$dataset" $dry $gpus

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash scripts/wmt16.sh [--dry-run] [ROW ...]: Wang, Wu & Huang (NeurIPS 2022)'s WMT16 En-De rows, end to end:
+# bash scripts/wmt16.sh [--dry-run] [--gpus=N] [ROW ...]: Wang, Wu & Huang (NeurIPS 2022)'s WMT16 En-De rows, end to end:
 # prepares data/data-bin/wmt16_en_de_bpe32k unless it is there (scripts/prepare-wmt16.sh: ~1.2 GB of downloads,
 # then tokenization and a 32k BPE, hours on a few cores), then trains, evaluates and tabulates every row, or the
 # ROWs named (post-ln post-bn post-rbn), each the recipe configs/wang2022-wmt16-ende-ROW.yaml run by the recipe

@@ -6,7 +6,7 @@ import sys
 from normplug.errors import NormplugError
 from normplug.tools.common import need_fairseq
 
-from .commands import check_flags, train_argv
+from .commands import check_flags, gpu_flags, train_argv
 from .config import load_config
 from .runs import check_data, evaluate, evaluate_commands, reproduce, train, train_command
 
@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("train", "evaluate", "reproduce"):
             p.add_argument("--dry-run", action="store_true", help="print the commands it would run (fairseq-train, "
                            "normplug-average, fairseq-generate or fairseq-eval-lm); run and write nothing")
+        if name in ("train", "reproduce"):
+            p.add_argument("--gpus", type=int, default=1, help="spread each run over N GPUs, update-freq divided "
+                           "by N (the effective batch kept); BN statistics per GPU (default 1, as the papers)")
+            p.add_argument("--bn-sync-stats", action="store_true", help="with --gpus N: sync BN statistics across GPUs")
         if name in ("reproduce", "table"):
             p.add_argument("--out", default="runs/reproduce", help="output folder (default %(default)s)")
         return p
@@ -48,7 +52,8 @@ def run(args, extra) -> int:
         need_fairseq(f"{PROG} {args.cmd}")
     if args.cmd in ("reproduce", "table"):
         return reproduce(args.configs, args.out, extra=extra, data=getattr(args, "data", None),
-                         table_only=args.cmd == "table", dry_run=dry)
+                         table_only=args.cmd == "table", dry_run=dry, gpus=getattr(args, "gpus", 1),
+                         bn_sync_stats=getattr(args, "bn_sync_stats", False))
     if args.cmd == "check":
         for path in args.configs:
             recipe = load_config(path)
@@ -57,6 +62,8 @@ def run(args, extra) -> int:
             print(f"{path}: ok ({recipe.name}, {recipe.train.get('arch')})")
         return 0
     recipe = load_config(args.config)
+    if args.cmd == "train":
+        extra = gpu_flags(recipe, args.gpus, args.bn_sync_stats) + extra
     if args.cmd == "train" and dry:
         print(train_command(recipe, None, extra, args.data))
     elif args.cmd == "train":

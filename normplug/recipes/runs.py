@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import (check_flags, child_env, eval_lm_argv, flag_changes, generate_argv, merged_flags,
+from .commands import (check_flags, child_env, eval_lm_argv, flag_changes, generate_argv, gpu_flags, merged_flags,
                        recipe_changes, run_logged, split_extra, train_argv, write_atomic)
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe, load_config
 from .scoring import score_language_model, score_translation
@@ -262,7 +262,10 @@ def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> s
         return "trained, not evaluated"
     if "data" in scores and (scores["data"], scores.get("dictionaries")) != (run.get("data"), run.get("dictionaries")):
         return f"stale: scored on other data ({scores['data']}) than the run trained on"
-    return f"modified (extra args: {' '.join(run['extra'])})" if run.get("extra") else "full"
+    extra = run.get("extra") or []
+    gpus = extra[extra.index("--distributed-world-size") + 1] if "--distributed-world-size" in extra[:-1] else "1"
+    spread = f"; {gpus} GPUs, BN statistics {'synced' if '--bn-sync-stats' in extra else 'per GPU'}" * (gpus != "1")
+    return f"modified (extra args: {' '.join(extra)}{spread})" if extra else "full"
 
 
 def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict[str, object]:
@@ -326,12 +329,13 @@ def write_results(rows, out: Path) -> List[str]:
 
 
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None, table_only=False,
-              dry_run=False, log=print) -> int:
+              dry_run=False, gpus=1, bn_sync_stats=False, log=print) -> int:
     """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what runs
-    left there; ``dry_run``: print the commands, touch nothing); results.md / results.csv in ``out``.
-    Returns an exit status."""
+    left there; ``dry_run``: print the commands, touch nothing; ``gpus``: see :func:`gpu_flags`);
+    results.md / results.csv in ``out``. Returns an exit status."""
     out = Path(out)
     recipes = [load_config(p) for p in config_paths]  # every config is checked before any work
+    extras = {r.name: gpu_flags(r, gpus, bn_sync_stats) + list(extra) for r in recipes}
     if table_only and extra:
         raise ConfigError(f"table trains nothing: extra fairseq-train arguments ({' '.join(extra)}) have no effect")
     if any(key == "save-dir" for key, _ in split_extra(extra)):
@@ -339,13 +343,13 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     if dry_run:
         for i, recipe in enumerate(recipes):  # a shared training once
             ckdir, first = out / recipe.training_name, all(r.training_name != recipe.training_name for r in recipes[:i])
-            log("\n".join([f"# {recipe.name}", *[train_command(recipe, ckdir, extra, data)] * first,
+            log("\n".join([f"# {recipe.name}", *[train_command(recipe, ckdir, extras[recipe.name], data)] * first,
                            *evaluate_commands(recipe, ckdir, data)]))
         return 0
     for recipe in [] if table_only else recipes:
         ckdir = out / recipe.training_name
-        prior_run(recipe, ckdir, data, recipe_changes(extra))
-        check_flags(recipe, train_argv(recipe, ckdir, extra, data, exe=False))
+        prior_run(recipe, ckdir, data, recipe_changes(extras[recipe.name]))
+        check_flags(recipe, train_argv(recipe, ckdir, extras[recipe.name], data, exe=False))
     out.mkdir(parents=True, exist_ok=True)
     rows, trained, failed = [], {}, 0
     for recipe in recipes:
@@ -354,7 +358,7 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
             if not table_only:
                 if recipe.training_name not in trained:
                     log(f"== {recipe.name}: training into {ckdir}")
-                    trained[recipe.training_name] = train(recipe, ckdir, extra, data, echo=None, log=log)
+                    trained[recipe.training_name] = train(recipe, ckdir, extras[recipe.name], data, echo=None, log=log)
                 if trained[recipe.training_name] != 0:
                     raise RuntimeError(f"fairseq-train exited {trained[recipe.training_name]}; "
                                        f"see {ckdir / 'train.log'}")
