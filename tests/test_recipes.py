@@ -177,20 +177,22 @@ def test_one_gpu_is_pinned_the_cpu_stays_as_it_was(tiny_data, config):
 
 def test_gpus_keep_the_effective_batch(tiny_data, config, capsys):
     """--gpus N spreads a run over N GPUs with update-freq / N (the effective batch kept), BN statistics
-    per GPU unless synced; the table says how the row ran."""
+    per GPU unless the plugin's --bn-sync-stats is passed; the table says how the row ran."""
     r = load_config(config("xu"))  # update-freq 2
-    args = parse(recipes.train_argv(r, data=tiny_data, gpu=True, exe=False, extra=recipes.gpu_flags(r, 2, True)))
-    assert (args.distributed_world_size, args.update_freq, args.bn_sync_stats) == (2, [1], True)
+    args = parse(recipes.train_argv(r, data=tiny_data, gpu=True, exe=False, extra=recipes.gpu_flags(r, 2)))
+    assert (args.distributed_world_size, args.update_freq, args.bn_sync_stats) == (2, [1], None)
     assert recipes.gpu_flags(r) == []
-    for gpus, sync, message in ((4, False, "--gpus 4 does not divide the update-freq 2 of"),
-                                (0, False, "--gpus must be 1 or more, got 0"), (1, True, "it needs --gpus N")):
-        with pytest.raises(ConfigError, match=message):
-            recipes.gpu_flags(r, gpus, sync)
-    assert recipes.main(["train", str(config("xu")), "--dry-run", "--gpus", "2"]) == 0
+    with pytest.raises(ConfigError, match="--gpus 4 does not divide the update-freq 2 of"):
+        recipes.gpu_flags(r, 4)
+    with pytest.raises(SystemExit):
+        recipes.main(["train", str(config("xu")), "--dry-run", "--gpus", "0"])
+    assert "--gpus: must be a whole number over 0, got '0'" in capsys.readouterr().err
+    assert recipes.main(["train", str(config("xu")), "--dry-run", "--gpus", "2", "--bn-sync-stats"]) == 0
     train = shlex.split(capsys.readouterr().out)
     assert (value(train, "--distributed-world-size"), value(train, "--update-freq")) == ("2", "1")
-    for sync, said in ((False, "2 GPUs, BN statistics per GPU"), (True, "2 GPUs, BN statistics synced")):
-        extra = recipes.gpu_flags(r, 2, sync)
+    assert "--bn-sync-stats" in train
+    for sync, said in (([], "2 GPUs, BN statistics per GPU"), (["--bn-sync-stats"], "2 GPUs, BN statistics synced")):
+        extra = recipes.gpu_flags(r, 2) + sync
         run = {"rc": 0, "flags": recipes.merged_flags(r, extra), "extra": extra}
         assert said in recipes.row_status(r, run, {})
     assert recipes.row_status(r, {"rc": 0, "flags": recipes.merged_flags(r), "extra": []}, {}) == "full"

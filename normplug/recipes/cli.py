@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from normplug.errors import NormplugError
-from normplug.tools.common import need_fairseq
+from normplug.tools.common import need_fairseq, positive
 
 from .commands import check_flags, gpu_flags, train_argv
 from .config import load_config
@@ -28,9 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--dry-run", action="store_true", help="print the commands it would run (fairseq-train, "
                            "normplug-average, fairseq-generate or fairseq-eval-lm); run and write nothing")
         if name in ("train", "reproduce"):
-            p.add_argument("--gpus", type=int, default=1, help="spread each run over N GPUs, update-freq divided "
-                           "by N (the effective batch kept); BN statistics per GPU (default 1, as the papers)")
-            p.add_argument("--bn-sync-stats", action="store_true", help="with --gpus N: sync BN statistics across GPUs")
+            p.add_argument("--gpus", type=positive, default=1, help="spread each run over N GPUs, update-freq divided "
+                           "by N (the effective batch kept); BN statistics per GPU unless -- --bn-sync-stats (default 1)")
         if name in ("reproduce", "table"):
             p.add_argument("--out", default="runs/reproduce", help="output folder (default %(default)s)")
         return p
@@ -52,8 +51,7 @@ def run(args, extra) -> int:
         need_fairseq(f"{PROG} {args.cmd}")
     if args.cmd in ("reproduce", "table"):
         return reproduce(args.configs, args.out, extra=extra, data=getattr(args, "data", None),
-                         table_only=args.cmd == "table", dry_run=dry, gpus=getattr(args, "gpus", 1),
-                         bn_sync_stats=getattr(args, "bn_sync_stats", False))
+                         table_only=args.cmd == "table", dry_run=dry, gpus=getattr(args, "gpus", 1))
     if args.cmd == "check":
         for path in args.configs:
             recipe = load_config(path)
@@ -63,7 +61,7 @@ def run(args, extra) -> int:
         return 0
     recipe = load_config(args.config)
     if args.cmd == "train":
-        extra = gpu_flags(recipe, args.gpus, args.bn_sync_stats) + extra
+        extra = gpu_flags(recipe, args.gpus) + extra
     if args.cmd == "train" and dry:
         print(train_command(recipe, None, extra, args.data))
     elif args.cmd == "train":

@@ -89,21 +89,15 @@ def train_argv(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=No
     return argv
 
 
-def gpu_flags(recipe: Recipe, gpus: int = 1, bn_sync_stats: bool = False) -> List[str]:
+def gpu_flags(recipe: Recipe, gpus: int = 1) -> List[str]:
     """fairseq-train arguments that spread a recipe over ``gpus`` GPUs with its effective batch (max tokens x
-    update-freq x GPUs) kept: update-freq divided by ``gpus``; BN statistics per GPU unless ``bn_sync_stats``."""
-    if gpus < 1:
-        raise ConfigError(f"--gpus must be 1 or more, got {gpus}")
-    if gpus == 1:
-        if bn_sync_stats:
-            raise ConfigError("--bn-sync-stats syncs BN statistics across GPUs: it needs --gpus N with N > 1")
-        return []
+    update-freq x GPUs) kept: update-freq divided by ``gpus``. BN statistics stay per GPU (fairseq's default)
+    unless the plugin's --bn-sync-stats is among the extra arguments."""
     freq = str(recipe.train_value("update-freq") or 1)
-    if not freq.isdigit() or int(freq) % gpus:
+    if gpus > 1 and (not freq.isdigit() or int(freq) % gpus):
         raise ConfigError(f"--gpus {gpus} does not divide the update-freq {freq} of {recipe.path}: the effective "
                           f"batch would change; pick a number of GPUs that divides {freq}")
-    return ["--distributed-world-size", str(gpus), "--update-freq", str(int(freq) // gpus),
-            *["--bn-sync-stats"] * bn_sync_stats]
+    return ["--distributed-world-size", str(gpus), "--update-freq", str(int(freq) // gpus)] if gpus > 1 else []
 
 
 _FAIRSEQ_PARSER = threading.Lock()

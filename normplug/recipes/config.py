@@ -42,7 +42,7 @@ TASK_KEYS = {  # the fairseq tasks with recipes: their top-level keys and evalua
 RESERVED_TRAIN = {"user-dir": "the driver adds the plugin directory", "data": "use the top-level key data",
                   "save-dir": "chosen per run (--save-dir on the command line)",
                   "cpu": "the driver adds it when no GPU is available",
-                  "distributed-world-size": "the driver pins 1 GPU, as the papers trained (more: an extra argument)",
+                  "distributed-world-size": "the driver pins 1 GPU, as the papers trained (more: --gpus N)",
                   "source-lang": "use the top-level key source_lang",
                   "target-lang": "use the top-level key target_lang"}
 TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a mapping", list: "a list",

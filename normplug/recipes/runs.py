@@ -329,13 +329,13 @@ def write_results(rows, out: Path) -> List[str]:
 
 
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None, table_only=False,
-              dry_run=False, gpus=1, bn_sync_stats=False, log=print) -> int:
+              dry_run=False, gpus=1, log=print) -> int:
     """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what runs
     left there; ``dry_run``: print the commands, touch nothing; ``gpus``: see :func:`gpu_flags`);
     results.md / results.csv in ``out``. Returns an exit status."""
     out = Path(out)
     recipes = [load_config(p) for p in config_paths]  # every config is checked before any work
-    extras = {r.name: gpu_flags(r, gpus, bn_sync_stats) + list(extra) for r in recipes}
+    extras = {r.name: gpu_flags(r, gpus) + list(extra) for r in recipes}
     if table_only and extra:
         raise ConfigError(f"table trains nothing: extra fairseq-train arguments ({' '.join(extra)}) have no effect")
     if any(key == "save-dir" for key, _ in split_extra(extra)):
