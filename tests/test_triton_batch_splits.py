@@ -129,7 +129,6 @@ def test_a_gpu_sized_batch_fills_the_gpu(name, options, count, monkeypatch):
     assert min(math.prod(grid) for _, grid in launches) >= 128, launches
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name,options", [("batch", {"momentum": 0.3}),
                                           ("power", {"groups": 4, "warmup_updates": 2})])
 def test_compiled_fused_matches_eager_torch(name, options):
