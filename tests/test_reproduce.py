@@ -242,7 +242,7 @@ def test_ctrl_c_leaves_a_run_that_a_relaunch_resumes(tiny_data, tmp_path):
     out = tmp_path / "out"
     save = out / "tiny-ln"
     argv = [sys.executable, "-m", "normplug.recipes", "train", str(config), "--save-dir", str(save),
-            "--max-epoch", "10"]
+            "--max-epoch", "5"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -260,7 +260,7 @@ def test_ctrl_c_leaves_a_run_that_a_relaunch_resumes(tiny_data, tmp_path):
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log.read_text())
-    assert (save / "checkpoint10.pt").exists()
+    assert (save / "checkpoint5.pt").exists()
     assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
     assert table(out)[0][0]["status"] == "trained, not evaluated"
 
