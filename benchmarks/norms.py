@@ -18,6 +18,7 @@ candidate's median and its ratio to eager ``torch.nn.LayerNorm`` measured in the
 process, plus ``x * 2`` (one elementwise pass each way, the memory-bound floor).
 """
 import argparse
+import logging
 import random
 import statistics
 import time
@@ -158,6 +159,7 @@ def main(argv=None):
     ap.add_argument("--impls", default=",".join(IMPLS),
                     help="implementations of the fused norms, comma-separated (default: %(default)s)")
     args = ap.parse_args(argv)
+    logging.getLogger().setLevel(logging.WARNING)  # importing normplug imports fairseq, which sets DEBUG
     for impl in args.impls.split(","):
         if impl not in IMPLS:
             ap.error(f"unknown impl {impl!r}; choose from {', '.join(IMPLS)}")
