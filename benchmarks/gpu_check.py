@@ -1,24 +1,20 @@
 """The GPU check: one run on one GPU that says whether each fused Triton norm is correct and
-faster than its torch path, and how training compares with stock fairseq. It has never run on
-a GPU: the estimates below are reasoned, not measured; the last line gives each part's time.
+faster than its torch path, and how training compares with stock fairseq; the last line gives
+each part's time (benchmarks/README.md has the estimates: it has never run on a GPU).
 
 1. ``--verify`` (benchmarks/gpu_verify.py): every fused norm, Triton against its torch path and
    a float64 reference, fp32/fp16/bf16, five shapes, three paddings, a non-contiguous input,
    running buffers, padding rows, two runs bitwise, three compiled steps against eager.
-   About 430 cases; estimated 2–3 minutes on an H100, mostly compiling: about 250 Triton
-   specialisations (kernel × dtype × block shape, ~0.2 s each) and 9 inductor graphs.
+   About 430 cases, most of the time compiling Triton specialisations and inductor graphs.
 2. ``--speed`` (benchmarks/gpu_speed.py): forward+backward with triton.testing.do_bench at
    (N, C) = (4096, 512), (8192, 1024), (32768, 1024), (8192, 4096) in fp16 and bf16: torch eager,
-   torch compiled and Triton, as ratios to nn.LayerNorm, with GB/s and peak memory. Estimated
-   2–3 minutes: 232 medians of about 0.2 s and about 20 dynamic-shape inductor graphs.
+   torch compiled and Triton, as ratios to nn.LayerNorm, with GB/s and peak memory.
 3. ``--train``: words/s of fairseq's ``--fp16`` trainer against the stock model of the same
    shape and Post/Pre-Norm, on a synthetic corpus at max tokens 4096: by default the kinds of
    the 0.95× target (bn, rbn, pn) in the translation family, ``--updates`` (40) updates each,
-   each plugin model once per ``--impls`` (torch, triton). Estimated 1.5–2.5 minutes: the
-   synthetic corpus (15–30 s) and 16 runs of a few seconds. The full table of every architecture,
+   each plugin model once per ``--impls`` (torch, triton). The full table of every architecture,
    ``--train --kinds all --families translation,lm --updates 100 --fp32-updates 30
-   --lm-updates 50 --lm-fp32-updates 20``, was estimated at 7–9 minutes per implementation on an
-   H200 (never timed whole): give it a ``--budget`` to match.
+   --lm-updates 50 --lm-fp32-updates 20``, needs a larger ``--budget``.
 
 With no part named, all three run. ``--budget`` seconds (450) bound the run: each part has a
 deadline (verify 40%, speed 75%, train 100% of it, shares of the parts chosen), after which it
