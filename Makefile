@@ -7,7 +7,7 @@ setup:
 	@bash scripts/setup-env.sh
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto tests
 
 demo: setup
 	PYTHONWARNINGS=ignore $(PY) scripts/demo.py

@@ -26,7 +26,7 @@ setup(
     # draws normplug-tid --plot. torch 2.4 brought torch.library.custom_op, which wraps the
     # fused kernels (normplug/norms/triton_*.py).
     install_requires=["torch>=2.4", "PyYAML", "sacrebleu>=2.3", "sacremoses"],
-    extras_require={"fairseq": [FAIRSEQ], "plot": ["matplotlib"], "test": ["pytest", "hypothesis"]},
+    extras_require={"fairseq": [FAIRSEQ], "plot": ["matplotlib"], "test": ["pytest", "pytest-xdist", "hypothesis"]},
     entry_points={
         "console_scripts": [
             "normplug-path = normplug.tools.path:main",
