@@ -48,8 +48,9 @@ if ! "$py" -c 'import fairseq' 2>/dev/null; then
     pip install -q --no-deps --no-build-isolation "$fairseq_req"
 fi
 
-# 4. normplug, editable, so `--user-dir normplug` and the console scripts see the working tree.
-pip install -q --no-deps --no-build-isolation -e .
+# 4. normplug, editable, so `--user-dir normplug` and the console scripts see the working tree; with what
+# setup.py declares for it and for fairseq (the README's own-environment route), which the pins above satisfy.
+pip install -q --no-build-isolation -e ".[fairseq]"
 
 "$py" -c 'import torch, fairseq, normplug; print("setup: torch", torch.__version__, "| fairseq", fairseq.__version__, "| normplug", normplug.__version__)'
 

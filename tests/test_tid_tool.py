@@ -336,15 +336,56 @@ def test_a_library_error_is_one_line(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_fairseq_one_line_names_the_install_command(tmp_path, monkeypatch, capsys):
+def _fairseq_fails(monkeypatch, tmp_path, missing_module, missing=(), versions=None):
+    """``import fairseq`` raises ModuleNotFoundError for ``missing_module``; the distributions ``missing``
+    are not installed and ``versions`` ({name: version}) are what the others report."""
+    import importlib.metadata
+
+    fake = tmp_path / "fake" / "fairseq"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{missing_module}'\", "
+                                      f"name={missing_module!r})\n")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    monkeypatch.delitem(sys.modules, "fairseq")
+    real = importlib.metadata.version
+
+    def version(name):
+        if name in missing:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return (versions or {}).get(name) or real(name)
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the pins are fairseq-fixed's, for Python >= 3.11")
+def test_without_fairseq_one_line_names_the_missing_module_and_what_installs_it(tmp_path, monkeypatch, capsys):
+    """Never the command that was just run: fairseq installed without its dependencies is told to install
+    those; fairseq missing is told to install fairseq; a numpy of another major version, its range."""
     from normplug.tools import average as average_cli
     from normplug.tools.common import INSTALL_FAIRSEQ
 
     for tool in (tid_cli, average_cli):
         monkeypatch.setattr(tool, "configure_logging", lambda verbose: None)
-    monkeypatch.setitem(sys.modules, "fairseq", None)  # import fairseq -> ImportError
-    line = _expect_error(capsys, [tmp_path / "any.pt"], "normplug-tid: error: normplug-tid needs fairseq (")
-    assert line.endswith(INSTALL_FAIRSEQ)
-    with pytest.raises(SystemExit):  # averaging alone needs only torch; re-estimating runs the model
-        average_cli.main(["--inputs", str(tmp_path / "a.pt"), "--output", str(tmp_path / "b.pt"), "--reestimate-stats"])
-    assert capsys.readouterr().err.startswith("normplug-average: error: normplug-average --reestimate-stats needs fairseq (")
+    route = "(README: Using it from your own environment)"
+    with monkeypatch.context() as m:  # the issue's loop: pip install --no-deps fairseq-fixed, then this
+        _fairseq_fails(m, tmp_path, "omegaconf", missing=("omegaconf", "hydra-core"))
+        assert _expect_error(capsys, [tmp_path / "any.pt"]) == (
+            "normplug-tid: error: normplug-tid needs fairseq, which does not import (ModuleNotFoundError: No module "
+            f"named 'omegaconf'); install them: pip install hydra-core==1.3.2 omegaconf==2.3.0 {route}")
+    with monkeypatch.context() as m:
+        _fairseq_fails(m, tmp_path, "fairseq", missing=("fairseq-fixed",), versions={"numpy": "2.1.0"})
+        assert _expect_error(capsys, [tmp_path / "any.pt"]).endswith(
+            f"(ModuleNotFoundError: No module named 'fairseq'); install them: pip install 'numpy<2,>=1.21.3' && "
+            f"{INSTALL_FAIRSEQ} {route}")
+    with monkeypatch.context() as m:
+        _fairseq_fails(m, tmp_path, "fairseq", missing=("fairseq-fixed",))
+        with pytest.raises(SystemExit):  # averaging alone needs only torch; re-estimating runs the model
+            average_cli.main(["--inputs", str(tmp_path / "a.pt"), "--output", str(tmp_path / "b.pt"),
+                              "--reestimate-stats"])
+        assert capsys.readouterr().err.splitlines() == [
+            "normplug-average: error: normplug-average --reestimate-stats needs fairseq, which does not import "
+            f"(ModuleNotFoundError: No module named 'fairseq'); install it: {INSTALL_FAIRSEQ} {route}"]
+    with monkeypatch.context() as m:  # everything declared is there: nothing to install, say where to look
+        _fairseq_fails(m, tmp_path, "tensorboardX")
+        assert _expect_error(capsys, [tmp_path / "any.pt"]).endswith(
+            "(ModuleNotFoundError: No module named 'tensorboardX'); fairseq and every package normplug declares "
+            "for it are installed: `python -c 'import fairseq'` shows the whole error")
