@@ -117,3 +117,15 @@ def test_readme_pip_route_in_a_fresh_venv_trains(tmp_path, tiny_data):
     out = log.stdout + log.stderr
     assert "num_updates 2" in out and "rbn_penalty" in out and "done training" in out, out[-3000:]
     assert (tmp_path / "ckpt" / "checkpoint_last.pt").is_file()
+
+
+def test_normplug_path_prints_the_plugin_directory_and_has_help(capsys):
+    from normplug.tools import path
+
+    path.main([])
+    assert capsys.readouterr().out == f"{REPO / 'normplug'}\n"
+    with pytest.raises(SystemExit) as done:
+        path.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: normplug-path") and "--user-dir" in out
+    assert str(REPO) not in out

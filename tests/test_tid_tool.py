@@ -389,3 +389,31 @@ def test_without_fairseq_one_line_names_the_missing_module_and_what_installs_it(
         assert _expect_error(capsys, [tmp_path / "any.pt"]).endswith(
             "(ModuleNotFoundError: No module named 'tensorboardX'); fairseq and every package normplug declares "
             "for it are installed: `python -c 'import fairseq'` shows the whole error")
+
+
+def test_the_plot_gives_bn_and_rbn_their_own_colours(tmp_path, monkeypatch):
+    """make demo's figure, BN against RBN: every line of a layer has its own colour, none shared between the
+    runs; one run alone keeps a colour per layer."""
+    from matplotlib.colors import to_hex
+    from matplotlib.figure import Figure
+
+    from normplug.tools.common import CheckpointInfo
+
+    layers = [tid_cli.LayerTID(name, "batch", 0.1, 0.2, 1, 10) for name in [*LAYERS, "enc1.self_attn", "enc1.ffn"]]
+    series = [(CheckpointInfo(f"checkpoint{e}.pt", e, 8 * e), layers) for e in (1, 2)]
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *args, **kwargs: drawn.append(
+        [(line.get_label(), to_hex(line.get_color()), line.get_linestyle()) for line in fig.axes[0].lines]))
+    tid_cli.draw({"BN": series, "RBN": series}, tmp_path / "t.png", "valid")
+    tid_cli.draw({"": series}, tmp_path / "t.png", "valid")
+    two, one = drawn
+    assert [label for label, _, _ in two] == [f"{run} {layer.layer}" for run in ("BN", "RBN") for layer in layers]
+    assert len({colour for _, colour, _ in two}) == 8 and {style for _, _, style in two} == {"-", "--"}
+    assert len({colour for _, colour, _ in one}) == 4
+
+
+def test_help_gives_the_definitions_it_announces():
+    """The description ends in the equations its colon announces, without the docstring's markup."""
+    text = tid_cli.build_parser().format_help()
+    assert "on a held-out split:\n\n    mean TID     = mean_c |μ̂_c − μ_B,c| / σ_B,c\n" \
+           "    variance TID = mean_c |σ̂_c / σ_B,c − 1|\n" in text and "``" not in text
