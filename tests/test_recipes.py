@@ -733,7 +733,7 @@ def test_more_gpus_than_visible_is_one_line_before_anything_starts(tmp_path, tin
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    monkeypatch.setattr("normplug.recipes.commands.fairseq_exe", lambda tool: pytest.fail("fairseq started"))
+    monkeypatch.setattr("normplug.recipes.runs.run_logged", lambda *args, **kwargs: pytest.fail("fairseq started"))
     good = tmp_path / "good.yaml"
     good.write_text(GOOD.replace("  max-tokens: 2048\n", "  max-tokens: 2048\n  update-freq: 2\n"))
     for command in (["train", str(good), "--save-dir", str(tmp_path / "run")],
@@ -742,6 +742,12 @@ def test_more_gpus_than_visible_is_one_line_before_anything_starts(tmp_path, tin
         assert capsys.readouterr().err.splitlines() == [
             "normplug-recipe: error: --gpus 2: 1 GPU visible here (CUDA_VISIBLE_DEVICES=3); --dry-run prints the "
             "2-GPU command lines on any machine"]
+    # fairseq's own flag among the extra arguments: refused as fairseq-train would, but before it starts
+    assert recipes.main(["train", str(good), "--data", str(tiny_data), "--save-dir", str(tmp_path / "run"),
+                         "--distributed-world-size", "2", "--update-freq", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"normplug-recipe: error: {good}: fairseq-train refuses its arguments: --distributed-world-size 2: 1 GPU "
+        "visible here (CUDA_VISIBLE_DEVICES=3); --dry-run prints the 2-GPU command lines on any machine"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.yaml"]
 
 

@@ -109,8 +109,8 @@ STOPPING_RULES = ("max-epoch", "max-update")
 
 def check_flags(recipe: Recipe, argv: Sequence[str]):
     """Refuse, in one line naming the config, what fairseq-train would refuse of ``argv`` (no executable) or
-    train nothing with: its parser, a stopping rule <= 0, and the plugin's checks of the task, model and
-    criterion it builds (built here on the meta device: shapes only, no memory, no data read)."""
+    train nothing with: its parser, a stopping rule <= 0, more GPUs than visible, and the plugin's checks of
+    the task, model and criterion it builds (built here on the meta device: shapes only, no data read)."""
     from fairseq import options, tasks
     err = io.StringIO()
     with _FAIRSEQ_PARSER, contextlib.redirect_stderr(err):
@@ -118,6 +118,8 @@ def check_flags(recipe: Recipe, argv: Sequence[str]):
         try:
             args = options.parse_args_and_arch(options.get_training_parser(), list(argv))
             check_stopping_rules(args, argv)
+            if args.distributed_init_method is None:  # workers started by hand (gloo on CPUs) name theirs
+                check_visible_gpus(args.distributed_world_size, "--distributed-world-size")
             task = tasks.setup_task(args)
             with torch.device("meta"):
                 task.build_model(args)
@@ -183,13 +185,13 @@ def command_line(argv: Sequence) -> str:
                     for word in map(str, argv))
 
 
-def check_visible_gpus(gpus: int):
+def check_visible_gpus(gpus: int, flag: str = "--gpus"):
     """Refuse, before anything starts, a run over more GPUs than this process sees (fairseq-train would stop
-    with an AssertionError after its start-up)."""
+    with an AssertionError after its start-up); ``flag`` asked for them."""
     visible = torch.cuda.device_count()
     if gpus > max(visible, 1):
         devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise ConfigError(f"--gpus {gpus}: {visible} GPU{'' if visible == 1 else 's'} visible here"
+        raise ConfigError(f"{flag} {gpus}: {visible} GPU{'' if visible == 1 else 's'} visible here"
                           f"{'' if devices is None else f' (CUDA_VISIBLE_DEVICES={devices})'}; --dry-run prints "
                           f"the {gpus}-GPU command lines on any machine")
 
