@@ -317,7 +317,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tid_cli, "configure_logging", lambda verbose: None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     message = _expect_error(capsys, [tmp_path / "missing.pt", "--plot", tmp_path / "t.png"],
-                            "needs matplotlib", "normplug[plot]")
+                            "needs matplotlib", ": pip install matplotlib")
     assert "checkpoint not found" not in message  # refused before reading any checkpoint
     assert list(tmp_path.iterdir()) == []
 

@@ -205,8 +205,7 @@ def main(argv=None):
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                raise ToolError("--plot needs matplotlib, the 'plot' extra of normplug: "
-                                "pip install 'normplug[plot]' (or pip install matplotlib)") from None
+                raise ToolError("--plot needs matplotlib (normplug's 'plot' extra): pip install matplotlib") from None
         results = run(args)
         print_table(results, args.split)
         for path, write in ((args.csv, write_csv), (args.plot, lambda rows, tmp: draw({"": rows}, tmp, args.split))):
