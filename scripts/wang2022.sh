@@ -27,7 +27,7 @@ for arg in "$@"; do
 done
 [ ${#configs[@]} -gt 0 ] || for row in $rows; do configs+=("configs/wang2022-$pair-$row.yaml"); done
 data=$(sed -n 's/^data: *//p' "configs/base/wang2022-$dataset.yaml")  # the folder the configs read
-if [ -z "$dry" ] && [ -n "$gpus" ]; then  # more GPUs than this machine shows: the driver's one line, before any download
+if [ -z "$dry" ] && [ -n "$gpus" ]; then  # more GPUs than visible: the driver's one line, before any download
     "${PYTHON:-$py}" - "${gpus#--gpus=}" <<'EOF' || exit 2
 import sys
 from normplug.errors import NormplugError

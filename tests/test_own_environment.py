@@ -92,7 +92,8 @@ def test_readme_pip_route_in_a_fresh_venv_trains(tmp_path, tiny_data):
 
     def run(*argv, cwd=tmp_path, ok=True):
         proc = subprocess.run(list(map(str, argv)), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-        assert (proc.returncode == 0) == ok, f"{argv}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert (proc.returncode == 0) == ok, \
+            f"{argv}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc
 
     python = venv / "bin" / "python"

@@ -273,7 +273,8 @@ def test_dry_run_prints_the_gpu_run_as_a_person_types_it(config, capsys, gpus):
     assert recipes.main(["evaluate", str(teststats), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "# the command lines as the driver runs them on a GPU; on a machine without a GPU it adds --cpu"
-    assert "--cpu" not in shlex.split(lines[-1]) and lines[-1].endswith(" --model-overrides '{\"bn_test_stats\": \"batch\"}'")
+    assert "--cpu" not in shlex.split(lines[-1])
+    assert lines[-1].endswith(" --model-overrides '{\"bn_test_stats\": \"batch\"}'")
     # any word with a single quote: in double quotes when nothing in it expands there
     words = ["x", "{'a': 1}", "it's $HOME", "a b"]
     assert recipes.command_line(words) == """x "{'a': 1}" 'it'"'"'s $HOME' 'a b'"""
@@ -523,8 +524,8 @@ def test_without_fairseq_one_line_names_the_install_command(tmp_path, monkeypatc
     monkeypatch.setattr("normplug.tools.common.install_fairseq_hint", lambda: "install it: HOW")
     assert recipes.main(["check", str(good)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "normplug-recipe: error: normplug-recipe check needs fairseq, which does not import (ModuleNotFoundError: import of "
-        "fairseq halted; None in sys.modules); install it: HOW"]
+        "normplug-recipe: error: normplug-recipe check needs fairseq, which does not import (ModuleNotFoundError: "
+        "import of fairseq halted; None in sys.modules); install it: HOW"]
     assert recipes.main(["table", str(good), "--out", str(tmp_path / "out")]) == 0  # reading needs no fairseq
 
 

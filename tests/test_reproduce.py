@@ -446,7 +446,8 @@ def test_paper_script_dry_run_prints_plain_fairseq_and_writes_nothing(script, ar
     assert _files(repo) == before and list(home.iterdir()) == []
     assert f"--user-dir {repo / 'normplug'} " in proc.stdout  # the copy's plugin ran
     lines = proc.stdout.splitlines()
-    assert lines[0] == recipes.dry_run_note(1) and " --cpu" not in proc.stdout.partition("\n")[2]  # GPU lines, CPU machine
+    # the GPU run's lines, printed on this CPU machine
+    assert lines[0] == recipes.dry_run_note(1) and " --cpu" not in proc.stdout.partition("\n")[2]
     assert sum(line.startswith("# wang2022-") for line in lines) == rows
     train = [shlex.split(line) for line in lines if line.startswith("fairseq-train ")]
     generate = [shlex.split(line) for line in lines if line.startswith("fairseq-generate ")]

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import (check_flags, child_env, command_line, eval_lm_argv, flag_changes, generate_argv, gpu_flags, merged_flags,
-                       recipe_changes, run_logged, split_extra, train_argv, write_atomic)
+from .commands import (check_flags, child_env, command_line, eval_lm_argv, flag_changes, generate_argv, gpu_flags,
+                       merged_flags, recipe_changes, run_logged, split_extra, train_argv, write_atomic)
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe, load_config
 from .scoring import score_language_model, score_translation
 
