@@ -1,14 +1,19 @@
 """normplug: normalization research for fairseq Transformers, as a --user-dir plugin."""
-import sys
-
 from setuptools import find_packages, setup
 
-# fairseq is not pulled in by default: both builds declare torchaudio, which
-# drags a second multi-GB torch in. scripts/setup-env.sh installs the right one
-# with --no-deps; `pip install -e .[fairseq]` is there for those who want pip to.
-FAIRSEQ = (
-    "fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2"
-)
+# fairseq's runtime dependencies, declared here because fairseq itself is installed after them with
+# --no-deps: both builds (fairseq-fixed==0.12.3.1 on Python >= 3.11, fairseq==0.12.2 below) declare
+# torchaudio, which pulls a second multi-GB torch. README, "Using it from your own environment":
+#   pip install -e ".[fairseq]" && pip install --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
+# numpy<2: fairseq 0.12 has run here with numpy 1.26 only, and its Cython extensions, built against the
+# numpy present (pip's wheel cache keeps them), do not load under another major version. setuptools
+# builds those extensions (--no-build-isolation: the build imports the torch already installed).
+FAIRSEQ_RUNTIME = [
+    "numpy>=1.21.3,<2", "cffi", "cython", "regex", "tqdm", "bitarray", "scikit-learn",
+    "setuptools>=70.1",
+    'hydra-core==1.3.2; python_version >= "3.11"', 'omegaconf==2.3.0; python_version >= "3.11"',
+    'hydra-core>=1.0.7,<1.1; python_version < "3.11"', 'omegaconf<2.1; python_version < "3.11"',
+]
 
 setup(
     name="normplug",
@@ -24,9 +29,11 @@ setup(
     # what the installed package imports: the plugin, its tools and the recipe driver (fairseq
     # aside, see above); the data scripts' packages are in requirements.txt. matplotlib only
     # draws normplug-tid --plot. torch 2.4 brought torch.library.custom_op, which wraps the
-    # fused kernels (normplug/norms/triton_*.py).
-    install_requires=["torch>=2.4", "PyYAML", "sacrebleu>=2.3", "sacremoses"],
-    extras_require={"fairseq": [FAIRSEQ], "plot": ["matplotlib"], "test": ["pytest", "pytest-xdist", "hypothesis"]},
+    # fused kernels (normplug/norms/triton_*.py). sentencepiece: fairseq's --bpe sentencepiece, for
+    # a researcher's own corpus. packaging: the tools' check of what fairseq needs.
+    install_requires=["torch>=2.4", "PyYAML", "sacrebleu>=2.3", "sacremoses", "sentencepiece", "packaging"],
+    extras_require={"fairseq": FAIRSEQ_RUNTIME, "plot": ["matplotlib"],
+                    "test": ["pytest", "pytest-xdist", "hypothesis"]},
     entry_points={
         "console_scripts": [
             "normplug-path = normplug.tools.path:main",

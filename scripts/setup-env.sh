@@ -39,7 +39,7 @@ fi
 # 2. runtime and test requirements (triton, ~1 GB, for the fused norms' tests on the CPU).
 pip install -q -r requirements.txt -r requirements-test.txt
 
-# 3. fairseq: the maintained fork on 3.11+, the official release below (setup.py's fairseq extra).
+# 3. fairseq: the maintained fork on 3.11+, the official release below (its dependencies: setup.py's fairseq extra).
 fairseq_req=fairseq==0.12.2
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' && fairseq_req=fairseq-fixed==0.12.3.1
 if ! "$py" -c 'import fairseq' 2>/dev/null; then
@@ -48,8 +48,9 @@ if ! "$py" -c 'import fairseq' 2>/dev/null; then
     pip install -q --no-deps --no-build-isolation "$fairseq_req"
 fi
 
-# 4. normplug, editable, so `--user-dir normplug` and the console scripts see the working tree.
-pip install -q --no-deps --no-build-isolation -e .
+# 4. normplug, editable, so `--user-dir normplug` and the console scripts see the working tree; with what
+# setup.py declares for it and for fairseq (the README's own-environment route), which the pins above satisfy.
+pip install -q --no-build-isolation -e ".[fairseq]"
 
 "$py" -c 'import torch, fairseq, normplug; print("setup: torch", torch.__version__, "| fairseq", fairseq.__version__, "| normplug", normplug.__version__)'
 

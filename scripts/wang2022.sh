@@ -2,7 +2,7 @@
 #   --gpus=N    spread each row over N GPUs, update-freq divided by N (the effective batch kept), BN statistics
 #               per GPU; the table says so (default: one GPU, as the paper)
 #   --dry-run   print each row's fairseq-train, normplug-average and fairseq-generate command lines, as
-#               the recipe driver would run them on this machine; run nothing, write nothing
+#               the recipe driver runs them on GPUs (whatever machine prints them); run nothing, write nothing
 #   -h, --help  this text
 # A rerun reuses the rows that finished and resumes those that were stopped (Ctrl-C).
 set -euo pipefail
@@ -16,7 +16,9 @@ rows=$(cd configs && ls wang2022-"$pair"-*.yaml | sed "s/^wang2022-$pair-//; s/\
 for arg in "$@"; do
     case $arg in
         -h | --help) sed -s -n '2,/^[^#]/s/^# \{0,1\}//p' "$script" scripts/wang2022.sh; exit 0 ;;
-        --gpus=*) gpus=--gpus=${arg#--gpus=} ;;
+        --gpus=*) [[ ${arg#--gpus=} =~ ^[1-9][0-9]*$ ]] ||
+                      { echo "$script: --gpus must be a whole number over 0, got '${arg#--gpus=}'" >&2; exit 2; }
+                  gpus=--gpus=${arg#--gpus=} ;;
         --dry-run) dry=--dry-run; export PYTHONDONTWRITEBYTECODE=1 ;;  # not even a .pyc
         -*) echo "$script: unknown option $arg (see --help)" >&2; exit 2 ;;
         *) [[ " $rows " == *" $arg "* ]] || { echo "$script: no row '$arg' (rows: $rows)" >&2; exit 2; }
@@ -25,5 +27,16 @@ for arg in "$@"; do
 done
 [ ${#configs[@]} -gt 0 ] || for row in $rows; do configs+=("configs/wang2022-$pair-$row.yaml"); done
 data=$(sed -n 's/^data: *//p' "configs/base/wang2022-$dataset.yaml")  # the folder the configs read
+if [ -z "$dry" ] && [ -n "$gpus" ]; then  # more GPUs than visible: the driver's one line, before any download
+    "${PYTHON:-$py}" - "${gpus#--gpus=}" <<'EOF' || exit 2
+import sys
+from normplug.errors import NormplugError
+from normplug.recipes.commands import check_visible_gpus
+try:
+    check_visible_gpus(int(sys.argv[1]))
+except NormplugError as err:
+    sys.exit(f"normplug-recipe: error: {err}")
+EOF
+fi
 [ -n "$dry" ] || [ -d "$data" ] || bash "scripts/prepare-$dataset.sh"
 exec "${PYTHON:-$py}" -m normplug.recipes reproduce "${configs[@]}" --out "runs/wang2022-$dataset" $dry $gpus

@@ -401,3 +401,16 @@ def test_fairseq_train_configuration_of_every_config(tiny_data, lm_data, tmp_pat
         cfg = convert_namespace_to_omegaconf(args)
         task = tasks.setup_task(cfg.task)
         assert task.build_model(cfg.model) is not None and task.build_criterion(cfg.criterion) is not None
+
+
+@pytest.mark.slow
+def test_the_driver_s_check_passes_every_config_at_full_size(tiny_data, lm_data, tmp_path):
+    """`normplug-recipe check` builds each config's task, full-size model and criterion as fairseq-train would
+    (on the meta device): none is refused, on the tiny corpora (their languages, and adaptive-softmax bands
+    that fit their dictionary)."""
+    for path in ALL:
+        r = _recipe(path)
+        extra = TINY_EXTRA[r.task][-4:] if r.task == "translation" else []  # --source-lang src --target-lang tgt
+        extra += TINY_ADAPTIVE if r.dataset == "WikiText-103" else []
+        data = tiny_data if r.task == "translation" else lm_data
+        recipes.check_flags(r, recipes.train_argv(r, save_dir=tmp_path, extra=extra, data=data, gpu=False, exe=False))

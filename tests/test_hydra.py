@@ -234,9 +234,18 @@ def test_fairseq_hydra_train_trains_what_fairseq_train_trains(tiny_data, tmp_pat
 
 
 @pytest.mark.slow
-def test_fairseq_hydra_train_refuses_a_misspelt_option(tiny_data, tmp_path):
-    overrides = [f"{k}={v}" for k, v in _tiny_run(tiny_data, tmp_path).items()]
+@pytest.mark.parametrize("override, error", [
+    ("+model.decoder_nrom=rms", ["omegaconf.errors.ConfigKeyError: Key 'decoder_nrom' not in 'NormTransformerConfig'",
+                                 "    full_key: decoder_nrom", "    object_type=NormTransformerConfig"]),
+    ("+model.decoder_norm=rmsnorm", ["normplug.errors.NormplugError: model option decoder_norm (--decoder-norm) must "
+                                     "be one of adanorm, batch, detach, identity, layer, layer_simple, power, rms, "
+                                     "scale, got 'rmsnorm'"])])
+def test_fairseq_hydra_train_refuses_a_misspelt_key_or_a_bad_value(tiny_data, tmp_path, override, error):
+    """What README.md says of hydra's message: the traceback's last statement is the error, above hydra's
+    closing line; nothing trained."""
+    overrides = [f"{k}={v}" for k, v in _tiny_run(tiny_data, tmp_path).items() if k != "+model.decoder_norm"]
     proc = run_cli("fairseq-hydra-train", "--config-dir", HYDRA_CONFIG.parent, "--config-name",
-                   HYDRA_CONFIG.stem, *overrides, "+model.decoder_nrom=rms", cwd=tmp_path, check=False)
-    assert proc.returncode != 0 and "Key 'decoder_nrom' not in 'NormTransformerConfig'" in proc.stderr, \
-        proc.stderr[-2000:]
+                   HYDRA_CONFIG.stem, *overrides, override, cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and proc.stderr.splitlines()[-len(error) - 2:] == [
+        *error, "", "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."], proc.stderr[-2000:]
+    assert "train_inner" not in proc.stdout + proc.stderr

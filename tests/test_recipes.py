@@ -3,6 +3,8 @@ command lines (extra arguments, the device), the config format (base: merging,
 duplicate keys) and its errors and fairseq's own for its flags (one line each), scoring, data
 made with another BPE, runs and scores tied to their data, and the official WMT references.
 The configs are written here (the recipes' own are tested by tests/test_configs.py)."""
+import ast
+import csv
 import hashlib
 import json
 import os
@@ -188,7 +190,7 @@ def test_gpus_keep_the_effective_batch(tiny_data, config, capsys):
         recipes.main(["train", str(config("xu")), "--dry-run", "--gpus", "0"])
     assert "--gpus: must be a whole number over 0, got '0'" in capsys.readouterr().err
     assert recipes.main(["train", str(config("xu")), "--dry-run", "--gpus", "2", "--bn-sync-stats"]) == 0
-    train = shlex.split(capsys.readouterr().out)
+    train = shlex.split(capsys.readouterr().out, comments=True)
     assert (value(train, "--distributed-world-size"), value(train, "--update-freq")) == ("2", "1")
     assert "--bn-sync-stats" in train
     for sync, said in (([], "2 GPUs, BN statistics per GPU"), (["--bn-sync-stats"], "2 GPUs, BN statistics synced")):
@@ -207,7 +209,10 @@ def test_reproduce_keeps_its_runs_in_out(tmp_path, config):
 def test_generate_argv(config):
     r = load_config(config("teststats"))
     argv = recipes.generate_argv(r, "avg.pt", gpu=False)
-    assert value(argv, "--model-overrides") == "{'bn_test_stats': 'batch'}"
+    assert value(argv, "--model-overrides") == '{"bn_test_stats": "batch"}'  # fairseq: ast.literal_eval
+    assert recipes.python_dict({"a": "it's \"x\"", "b": 0.5, "c": True, "d": None}) == \
+        '{"a": "it\'s \\"x\\"", "b": 0.5, "c": True, "d": None}'
+    assert ast.literal_eval(recipes.python_dict({"a": "it's \"x\"\n", "b": [1]})) == {"a": "it's \"x\"\n", "b": [1]}
     for flag, expected in (("--beam", "5"), ("--lenpen", "1.0"), ("--max-len-a", "1"), ("--max-len-b", "50"),
                            ("--remove-bpe", "@@ "), ("--gen-subset", "test"), ("--batch-size", "64")):
         assert value(argv, flag) == expected, flag
@@ -228,22 +233,52 @@ def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, monkeypatch, c
                          "--dry-run", "--", "--max-epoch", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [
-        "#", "fairseq-train", "normplug-average", "fairseq-generate", "#", "normplug-average", "fairseq-generate",
+        "#", "#", "fairseq-train", "normplug-average", "fairseq-generate", "#", "normplug-average", "fairseq-generate",
         "#", "fairseq-train", "fairseq-eval-lm", "fairseq-eval-lm"]
-    train = shlex.split(lines[1])
+    assert lines[0] == recipes.dry_run_note(1)
+    train = shlex.split(lines[2])
     assert train[1:] == recipes.train_argv(load_config(config("demo")), out / "demo-bn", ["--max-epoch", "2"],
-                                           exe=False)
-    assert shlex.split(lines[2]) == ["normplug-average", "--inputs", str(out / "demo-bn"), "--num-epoch-checkpoints",
+                                           gpu=True, exe=False)
+    assert shlex.split(lines[3]) == ["normplug-average", "--inputs", str(out / "demo-bn"), "--num-epoch-checkpoints",
                                      "1", "--output", str(out / "demo-bn" / "averaged_last1.pt")]
-    assert value(shlex.split(lines[3]), "--path") == str(out / "demo-bn" / "averaged_last1.pt")
+    assert value(shlex.split(lines[4]), "--path") == str(out / "demo-bn" / "averaged_last1.pt")
     assert [value(shlex.split(line), "--context-window") for line in lines[-2:]] == ["0", "16"]
     assert recipes.main(["evaluate", str(config("demo")), "--dry-run", "--checkpoint", "x.pt"]) == 0
-    assert [line.split()[:1] for line in capsys.readouterr().out.splitlines()] == [["fairseq-generate"]]
+    assert [line.split()[:1] for line in capsys.readouterr().out.splitlines()] == [["#"], ["fairseq-generate"]]
     assert recipes.main(["train", str(config("demo")), "--dry-run", "--lr", "1"]) == 0
-    train = shlex.split(capsys.readouterr().out)
+    train = shlex.split(capsys.readouterr().out, comments=True)
     assert train[0] == "fairseq-train" and value(train, "--lr") == "1"
     assert value(train, "--save-dir") == str(tmp_path / "checkpoints" / "demo-bn")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.yaml", "lm.yaml", "shared.yaml"]
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_dry_run_prints_the_gpu_run_as_a_person_types_it(config, capsys, gpus):
+    """Whatever machine prints them (this one has no GPU), the dry run's lines are the GPU run's: no --cpu,
+    --distributed-world-size N; one comment line says so; JSON overrides in single quotes, no '"'"'."""
+    teststats = config("teststats", variant(("  arch: transformer_iwslt_de_en_bn\n",
+                                             "  arch: transformer_iwslt_de_en_bn\n  update-freq: 4\n"),
+                                            text=TEXTS["teststats"]))
+    assert recipes.main(["reproduce", str(teststats), "--dry-run", f"--gpus={gpus}"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"# the command lines as the driver runs them on {gpus} GPU{'s' * (gpus > 1)} " \
+                       f"(--distributed-world-size {gpus}); on a machine without a GPU it adds --cpu"
+    commands = [shlex.split(line) for line in lines if not line.startswith("#")]
+    assert len(commands) == len(lines) - 2 == 3 and not any("--cpu" in argv for argv in commands)
+    assert "'\"'\"'" not in out
+    for line in (line for line in lines if line.startswith("fairseq-train")):
+        assert value(shlex.split(line), "--distributed-world-size") == str(gpus)
+    assert " --model-overrides '{\"bn_test_stats\": \"batch\"}'" in out
+    assert recipes.main(["evaluate", str(teststats), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# the command lines as the driver runs them on a GPU; on a machine without a GPU it adds --cpu"
+    assert "--cpu" not in shlex.split(lines[-1])
+    assert lines[-1].endswith(" --model-overrides '{\"bn_test_stats\": \"batch\"}'")
+    # any word with a single quote: in double quotes when nothing in it expands there
+    words = ["x", "{'a': 1}", "it's $HOME", "a b"]
+    assert recipes.command_line(words) == """x "{'a': 1}" 'it'"'"'s $HOME' 'a b'"""
+    assert shlex.split(recipes.command_line(words)) == words
 
 
 def test_the_config_s_checkpoints_are_averaged_in_process(tmp_path, config):
@@ -425,20 +460,35 @@ def test_bad_config_gives_one_clear_line(tmp_path, edit, message):
     (lambda t: t.replace("  lr: 0.0015\n", "  lr: fast\n"), "argument --lr: invalid"),
     (lambda t: t.replace("  arch: transformer_iwslt_de_en_bn\n", "  arch: transformer_iwslt_de_en_xx\n"),
      "argument --arch/-a: invalid choice: 'transformer_iwslt_de_en_xx'"),
+    (lambda t: t.replace("  seed: 1\n", "  bn-momentum: 1.5\n"), "argument --bn-momentum: must be in (0, 1], got 1.5"),
+    # what the plugin refuses when fairseq-train builds the criterion and the model
+    (lambda t: t.replace("  criterion: label_smoothed_cross_entropy\n", "  criterion: label_smoothed_cross_entropy_rbn"
+                         "\n  rbn-mean-weight: -60\n"), "--rbn-mean-weight must be a finite number >= 0, got -60.0"),
+    (lambda t: t.replace("  arch: transformer_iwslt_de_en_bn\n", "  arch: transformer_iwslt_de_en_ln\n").replace(
+        "  criterion: label_smoothed_cross_entropy\n", "  criterion: label_smoothed_cross_entropy_rbn\n"
+        "  rbn-var-weight: 0.01\n"), "--rbn-mean-weight 0 / --rbn-var-weight 0.01 need batch-norm layers"),
+    (lambda t: t.replace("  arch: transformer_iwslt_de_en_bn\n", "  arch: transformer_iwslt_de_en_pn\n"
+                         "  power-groups: 3\n"), "norm 'power': groups=3 does not divide dim=64"),
+    # a stopping rule that trains nothing: fairseq-train would exit 0 without a checkpoint
+    (lambda t: t.replace("  max-epoch: 5\n", "  max-epoch: -3\n"), "--max-epoch -3 trains nothing: give a number over "
+     "0 (below 0 fairseq-train stops at once and exits 0; it reads 0 as no limit: leave the flag out for that)"),
+    (lambda t: t.replace("  max-epoch: 5\n", "  max-update: 0\n"), "--max-update 0 trains nothing"),
 ])
-def test_fairseq_checks_the_train_flags(tmp_path, edit, message):
-    """The flags are fairseq's: its parser says what is wrong, in one line naming the config."""
+def test_fairseq_checks_the_train_flags(tmp_path, tiny_data, edit, message):
+    """What fairseq-train would refuse, or train nothing with, is refused before it starts, in one line naming
+    the config: its parser's verdict, the plugin's checks of the model and criterion it builds, and a stopping
+    rule <= 0."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(edit(GOOD))
     recipe = load_config(bad)  # the format is fine
     with pytest.raises(ConfigError) as err:
-        recipes.check_flags(recipe, recipes.train_argv(recipe, gpu=False, exe=False))
+        recipes.check_flags(recipe, recipes.train_argv(recipe, data=tiny_data, gpu=False, exe=False))
     text = str(err.value)
     assert "\n" not in text and text.startswith(f"{bad}: fairseq-train refuses its arguments: "), text
     assert message in text, text
     good = tmp_path / "good.yaml"
-    good.write_text(GOOD)
-    recipes.check_flags(recipe, recipes.train_argv(load_config(good), gpu=False, exe=False))
+    good.write_text(GOOD.replace("  max-epoch: 5\n", "  max-epoch: 5\n  max-update: 1\n"))
+    recipes.check_flags(recipe, recipes.train_argv(load_config(good), data=tiny_data, gpu=False, exe=False))
 
 
 def _cli(*args):
@@ -461,20 +511,21 @@ def test_bad_config_on_the_command_line(tmp_path, capsys):
 
 
 def test_without_fairseq_one_line_names_the_install_command(tmp_path, monkeypatch, capsys):
-    """fairseq is no dependency of the package (README): what needs it says how to install it."""
+    """What needs fairseq says, in one line, what failed and what installs it (tests/test_tid_tool.py has the
+    cases of that command)."""
     from normplug.errors import NormplugError
-    from normplug.tools.common import INSTALL_FAIRSEQ
 
     with pytest.raises(NormplugError) as err:
         recipes.fairseq_exe("fairseq-nonesuch")
-    assert str(err.value).endswith(f"nor on PATH: {INSTALL_FAIRSEQ}") and "pip install --no-deps" in INSTALL_FAIRSEQ
+    assert str(err.value).endswith("nor on PATH; fairseq is installed: put the folder of its console scripts on PATH")
     good = tmp_path / "good.yaml"
     good.write_text(GOOD)
     monkeypatch.setitem(sys.modules, "fairseq", None)  # import fairseq -> ImportError
+    monkeypatch.setattr("normplug.tools.common.install_fairseq_hint", lambda: "install it: HOW")
     assert recipes.main(["check", str(good)]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("normplug-recipe: error: normplug-recipe check needs fairseq (") and \
-        line.endswith(INSTALL_FAIRSEQ)
+    assert capsys.readouterr().err.splitlines() == [
+        "normplug-recipe: error: normplug-recipe check needs fairseq, which does not import (ModuleNotFoundError: "
+        "import of fairseq halted; None in sys.modules); install it: HOW"]
     assert recipes.main(["table", str(good), "--out", str(tmp_path / "out")]) == 0  # reading needs no fairseq
 
 
@@ -647,6 +698,58 @@ def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
         recipes.train(recipe, run, data=other)
     (run / recipes.RUN_RECORD).write_text(json.dumps(record))
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before and len(said) == 2
+
+
+def test_a_run_without_a_checkpoint_is_never_recorded_as_done(tmp_path, tiny_data, monkeypatch, capsys):
+    """fairseq-train exiting 0 without a checkpoint (it trained nothing, or saved nothing): the run record says
+    failed, `train` exits 1 in one line, and `reproduce` fails the row and the rows sharing its training
+    without training them again."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "fairseq-train"  # fairseq-train's last words on --max-epoch -3, and nothing saved
+    fake.write_text(f"#!/bin/sh\necho run >> {calls}\necho 'done training in 0.0 seconds'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr("normplug.recipes.commands.fairseq_exe", lambda tool: str(fake))
+    good, shared = tmp_path / "good.yaml", tmp_path / "shared.yaml"
+    good.write_text(GOOD)
+    shared.write_text(GOOD.replace("name: demo-bn\n", "name: demo-bn-teststats\nshares_training_with: demo-bn\n"))
+    save = tmp_path / "run"
+    assert recipes.main(["train", str(good), "--data", str(tiny_data), "--save-dir", str(save)]) == 1
+    said = "fairseq-train exited 0 without writing a checkpoint"
+    assert capsys.readouterr().err.splitlines() == [
+        f"normplug-recipe: error: {said} in {save}: recorded as failed (see {save / 'train.log'})"]
+    record = json.loads((save / recipes.RUN_RECORD).read_text())
+    assert (record["rc"], record["error"]) == (0, said)
+    assert recipes.row_status(load_config(good), record, None) == f"failed: {said}"
+    out = tmp_path / "out"
+    assert recipes.main(["reproduce", str(good), str(shared), "--data", str(tiny_data), "--out", str(out)]) == 1
+    assert calls.read_text() == "run\nrun\n"  # once by train, once by reproduce for both rows
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [row["status"] for row in rows] == [
+        f"failed: {said} in {out / 'demo-bn'}: recorded as failed (see {out / 'demo-bn' / 'train.log'})"] * 2
+
+
+def test_more_gpus_than_visible_is_one_line_before_anything_starts(tmp_path, tiny_data, monkeypatch, capsys):
+    """--gpus N beyond the visible GPUs: one line, exit 2, no save dir, no run record, no fairseq-train."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr("normplug.recipes.runs.run_logged", lambda *args, **kwargs: pytest.fail("fairseq started"))
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD.replace("  max-tokens: 2048\n", "  max-tokens: 2048\n  update-freq: 2\n"))
+    for command in (["train", str(good), "--save-dir", str(tmp_path / "run")],
+                    ["reproduce", str(good), "--out", str(tmp_path / "out")]):
+        assert recipes.main([*command, "--data", str(tiny_data), "--gpus", "2"]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            "normplug-recipe: error: --gpus 2: 1 GPU visible here (CUDA_VISIBLE_DEVICES=3); --dry-run prints the "
+            "2-GPU command lines on any machine"]
+    # fairseq's own flag among the extra arguments: refused as fairseq-train would, but before it starts
+    assert recipes.main(["train", str(good), "--data", str(tiny_data), "--save-dir", str(tmp_path / "run"),
+                         "--distributed-world-size", "2", "--update-freq", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"normplug-recipe: error: {good}: fairseq-train refuses its arguments: --distributed-world-size 2: 1 GPU "
+        "visible here (CUDA_VISIBLE_DEVICES=3); --dry-run prints the 2-GPU command lines on any machine"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.yaml"]
 
 
 def test_only_a_run_with_checkpoints_binds_its_folder(tmp_path, tiny_data):

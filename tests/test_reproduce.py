@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from conftest import REPO
+
 from normplug import recipes
 from normplug.recipes import RESULT_COLUMNS
 
@@ -406,6 +408,23 @@ def _files(root):
 
 
 @pytest.mark.slow
+def test_paper_script_refuses_more_gpus_than_visible_before_any_download(tmp_path):
+    """scripts/wmt16.sh --gpus=4 where fewer GPUs are visible: the driver's one line, exit 2, before the data
+    preparation (a 1.2 GB download) starts; a --gpus that is not a count, the script's own line."""
+    repo = tmp_path / "repo"
+    for part in ("normplug", "scripts", "configs"):
+        shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+    for gpus, said in (("4", "normplug-recipe: error: --gpus 4: 0 GPUs visible here (CUDA_VISIBLE_DEVICES=); "
+                             "--dry-run prints the 4-GPU command lines on any machine"),
+                       ("x", "scripts/wmt16.sh: --gpus must be a whole number over 0, got 'x'")):
+        proc = subprocess.run(["bash", str(repo / "scripts" / "wmt16.sh"), f"--gpus={gpus}"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (2, [said], "")
+    assert sorted(p.name for p in repo.iterdir()) == ["configs", "normplug", "scripts"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("script, arch, rows, trainings", [
     ("iwslt14", "transformer_iwslt_de_en_rbn", 10, 8), ("wmt16", "transformer_wmt_en_de_rbn", 3, 3)])
 def test_paper_script_dry_run_prints_plain_fairseq_and_writes_nothing(script, arch, rows, trainings, tmp_path):
@@ -414,8 +433,6 @@ def test_paper_script_dry_run_prints_plain_fairseq_and_writes_nothing(script, ar
     import shlex
 
     from fairseq import options
-
-    from conftest import REPO
 
     repo, home = tmp_path / "repo", tmp_path / "home"  # a copy without __pycache__: a .pyc written shows
     for part in ("normplug", "scripts", "configs"):
@@ -429,6 +446,8 @@ def test_paper_script_dry_run_prints_plain_fairseq_and_writes_nothing(script, ar
     assert _files(repo) == before and list(home.iterdir()) == []
     assert f"--user-dir {repo / 'normplug'} " in proc.stdout  # the copy's plugin ran
     lines = proc.stdout.splitlines()
+    # the GPU run's lines, printed on this CPU machine
+    assert lines[0] == recipes.dry_run_note(1) and " --cpu" not in proc.stdout.partition("\n")[2]
     assert sum(line.startswith("# wang2022-") for line in lines) == rows
     train = [shlex.split(line) for line in lines if line.startswith("fairseq-train ")]
     generate = [shlex.split(line) for line in lines if line.startswith("fairseq-generate ")]

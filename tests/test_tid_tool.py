@@ -317,7 +317,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tid_cli, "configure_logging", lambda verbose: None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     message = _expect_error(capsys, [tmp_path / "missing.pt", "--plot", tmp_path / "t.png"],
-                            "needs matplotlib", "normplug[plot]")
+                            "needs matplotlib", ": pip install matplotlib")
     assert "checkpoint not found" not in message  # refused before reading any checkpoint
     assert list(tmp_path.iterdir()) == []
 
@@ -336,15 +336,84 @@ def test_a_library_error_is_one_line(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_fairseq_one_line_names_the_install_command(tmp_path, monkeypatch, capsys):
+def _fairseq_fails(monkeypatch, tmp_path, missing_module, missing=(), versions=None):
+    """``import fairseq`` raises ModuleNotFoundError for ``missing_module``; the distributions ``missing``
+    are not installed and ``versions`` ({name: version}) are what the others report."""
+    import importlib.metadata
+
+    fake = tmp_path / "fake" / "fairseq"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{missing_module}'\", "
+                                      f"name={missing_module!r})\n")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    monkeypatch.delitem(sys.modules, "fairseq")
+    real = importlib.metadata.version
+
+    def version(name):
+        if name in missing:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return (versions or {}).get(name) or real(name)
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the pins are fairseq-fixed's, for Python >= 3.11")
+def test_without_fairseq_one_line_names_the_missing_module_and_what_installs_it(tmp_path, monkeypatch, capsys):
+    """Never the command that was just run: fairseq installed without its dependencies is told to install
+    those; fairseq missing is told to install fairseq; a numpy of another major version, its range."""
     from normplug.tools import average as average_cli
     from normplug.tools.common import INSTALL_FAIRSEQ
 
     for tool in (tid_cli, average_cli):
         monkeypatch.setattr(tool, "configure_logging", lambda verbose: None)
-    monkeypatch.setitem(sys.modules, "fairseq", None)  # import fairseq -> ImportError
-    line = _expect_error(capsys, [tmp_path / "any.pt"], "normplug-tid: error: normplug-tid needs fairseq (")
-    assert line.endswith(INSTALL_FAIRSEQ)
-    with pytest.raises(SystemExit):  # averaging alone needs only torch; re-estimating runs the model
-        average_cli.main(["--inputs", str(tmp_path / "a.pt"), "--output", str(tmp_path / "b.pt"), "--reestimate-stats"])
-    assert capsys.readouterr().err.startswith("normplug-average: error: normplug-average --reestimate-stats needs fairseq (")
+    route = "(README: Using it from your own environment)"
+    with monkeypatch.context() as m:  # the issue's loop: pip install --no-deps fairseq-fixed, then this
+        _fairseq_fails(m, tmp_path, "omegaconf", missing=("omegaconf", "hydra-core"))
+        assert _expect_error(capsys, [tmp_path / "any.pt"]) == (
+            "normplug-tid: error: normplug-tid needs fairseq, which does not import (ModuleNotFoundError: No module "
+            f"named 'omegaconf'); install them: pip install hydra-core==1.3.2 omegaconf==2.3.0 {route}")
+    with monkeypatch.context() as m:
+        _fairseq_fails(m, tmp_path, "fairseq", missing=("fairseq-fixed",), versions={"numpy": "2.1.0"})
+        assert _expect_error(capsys, [tmp_path / "any.pt"]).endswith(
+            f"(ModuleNotFoundError: No module named 'fairseq'); install them: pip install 'numpy<2,>=1.21.3' && "
+            f"{INSTALL_FAIRSEQ} {route}")
+    with monkeypatch.context() as m:
+        _fairseq_fails(m, tmp_path, "fairseq", missing=("fairseq-fixed",))
+        with pytest.raises(SystemExit):  # averaging alone needs only torch; re-estimating runs the model
+            average_cli.main(["--inputs", str(tmp_path / "a.pt"), "--output", str(tmp_path / "b.pt"),
+                              "--reestimate-stats"])
+        assert capsys.readouterr().err.splitlines() == [
+            "normplug-average: error: normplug-average --reestimate-stats needs fairseq, which does not import "
+            f"(ModuleNotFoundError: No module named 'fairseq'); install it: {INSTALL_FAIRSEQ} {route}"]
+    with monkeypatch.context() as m:  # everything declared is there: nothing to install, say where to look
+        _fairseq_fails(m, tmp_path, "tensorboardX")
+        assert _expect_error(capsys, [tmp_path / "any.pt"]).endswith(
+            "(ModuleNotFoundError: No module named 'tensorboardX'); fairseq and every package normplug declares "
+            "for it are installed: `python -c 'import fairseq'` shows the whole error")
+
+
+def test_the_plot_gives_bn_and_rbn_their_own_colours(tmp_path, monkeypatch):
+    """make demo's figure, BN against RBN: every line of a layer has its own colour, none shared between the
+    runs; one run alone keeps a colour per layer."""
+    from matplotlib.colors import to_hex
+    from matplotlib.figure import Figure
+
+    from normplug.tools.common import CheckpointInfo
+
+    layers = [tid_cli.LayerTID(name, "batch", 0.1, 0.2, 1, 10) for name in [*LAYERS, "enc1.self_attn", "enc1.ffn"]]
+    series = [(CheckpointInfo(f"checkpoint{e}.pt", e, 8 * e), layers) for e in (1, 2)]
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *args, **kwargs: drawn.append(
+        [(line.get_label(), to_hex(line.get_color()), line.get_linestyle()) for line in fig.axes[0].lines]))
+    tid_cli.draw({"BN": series, "RBN": series}, tmp_path / "t.png", "valid")
+    tid_cli.draw({"": series}, tmp_path / "t.png", "valid")
+    two, one = drawn
+    assert [label for label, _, _ in two] == [f"{run} {layer.layer}" for run in ("BN", "RBN") for layer in layers]
+    assert len({colour for _, colour, _ in two}) == 8 and {style for _, _, style in two} == {"-", "--"}
+    assert len({colour for _, colour, _ in one}) == 4
+
+
+def test_help_gives_the_definitions_it_announces():
+    """The description ends in the equations its colon announces, without the docstring's markup."""
+    text = tid_cli.build_parser().format_help()
+    assert "on a held-out split:\n\n    mean TID     = mean_c |μ̂_c − μ_B,c| / σ_B,c\n" \
+           "    variance TID = mean_c |σ̂_c / σ_B,c − 1|\n" in text and "``" not in text

@@ -6,9 +6,9 @@ import sys
 from normplug.errors import NormplugError
 from normplug.tools.common import need_fairseq, positive
 
-from .commands import check_flags, gpu_flags, train_argv
+from .commands import check_flags, check_visible_gpus, gpu_flags, train_argv
 from .config import load_config
-from .runs import check_data, evaluate, evaluate_commands, reproduce, train, train_command
+from .runs import check_data, dry_run_note, evaluate, evaluate_commands, reproduce, train, train_command
 
 PROG = "normplug-recipe"
 
@@ -49,6 +49,8 @@ def run(args, extra) -> int:
     dry = getattr(args, "dry_run", False)
     if args.cmd != "table" and not dry:
         need_fairseq(f"{PROG} {args.cmd}")
+    if args.cmd in ("train", "reproduce") and not dry:
+        check_visible_gpus(args.gpus)
     if args.cmd in ("reproduce", "table"):
         return reproduce(args.configs, args.out, extra=extra, data=getattr(args, "data", None),
                          table_only=args.cmd == "table", dry_run=dry, gpus=getattr(args, "gpus", 1))
@@ -63,11 +65,12 @@ def run(args, extra) -> int:
     if args.cmd == "train":
         extra = gpu_flags(recipe, args.gpus) + extra
     if args.cmd == "train" and dry:
-        print(train_command(recipe, None, extra, args.data))
+        print(dry_run_note(args.gpus), train_command(recipe, None, extra, args.data), sep="\n")
     elif args.cmd == "train":
         return train(recipe, extra=extra, data=args.data)
     elif dry:
-        print("\n".join(evaluate_commands(recipe, args.checkpoint_dir, args.data, args.checkpoint, extra)))
+        print(dry_run_note(), *evaluate_commands(recipe, args.checkpoint_dir, args.data, args.checkpoint, extra),
+              sep="\n")
     else:
         evaluate(recipe, args.checkpoint_dir, data=args.data, checkpoint=args.checkpoint, extra_generate=extra)
     return 0

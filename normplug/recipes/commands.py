@@ -1,8 +1,10 @@
 """The fairseq command lines of a recipe, and the driver's child processes and files."""
 import contextlib
 import io
+import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -12,7 +14,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 import normplug
-from normplug.tools.common import atomic_path, fairseq_exe
+from normplug.errors import NormplugError
+from normplug.tools.common import atomic_path, fairseq_exe, first_line
 
 from .config import ConfigError, Recipe
 
@@ -101,21 +104,47 @@ def gpu_flags(recipe: Recipe, gpus: int = 1) -> List[str]:
 
 
 _FAIRSEQ_PARSER = threading.Lock()
+STOPPING_RULES = ("max-epoch", "max-update")
 
 
 def check_flags(recipe: Recipe, argv: Sequence[str]):
-    """fairseq-train's own parser on ``argv`` (no executable); its error as one line naming the config."""
-    from fairseq import options
+    """Refuse, in one line naming the config, what fairseq-train would refuse of ``argv`` (no executable) or
+    train nothing with: its parser, a stopping rule <= 0, more GPUs than visible, and the plugin's checks of
+    the task, model and criterion it builds (built here on the meta device: shapes only, no data read)."""
+    from fairseq import options, tasks
     err = io.StringIO()
     with _FAIRSEQ_PARSER, contextlib.redirect_stderr(err):
         logging.disable(logging.INFO)  # "--user-dir ... has already been imported"
         try:
-            options.parse_args_and_arch(options.get_training_parser(), list(argv))
+            args = options.parse_args_and_arch(options.get_training_parser(), list(argv))
+            check_stopping_rules(args, argv)
+            if args.distributed_init_method is None:  # workers started by hand (gloo on CPUs) name theirs
+                check_visible_gpus(args.distributed_world_size, "--distributed-world-size")
+            task = tasks.setup_task(args)
+            with torch.device("meta"):
+                task.build_model(args)
+                task.build_criterion(args)
         except SystemExit:
             said = (err.getvalue().strip().splitlines() or ["exited"])[-1].split(": error: ", 1)[-1]
             raise ConfigError(f"{recipe.path}: fairseq-train refuses its arguments: {said}") from None
+        except NormplugError as problem:  # the plugin's checks, and a stopping rule: one line each
+            raise ConfigError(f"{recipe.path}: fairseq-train refuses its arguments: {problem}") from None
+        except Exception as problem:
+            raise ConfigError(f"{recipe.path}: fairseq-train cannot build its task, model and criterion: "
+                              f"{first_line(problem)}") from None
         finally:
             logging.disable(logging.NOTSET)
+
+
+def check_stopping_rules(args, argv: Sequence[str]):
+    """Raise NormplugError for --max-epoch/--max-update <= 0 given in ``argv``: below 0 fairseq-train stops
+    before its first update and exits 0; 0 is its default, "no limit"."""
+    for flag in STOPPING_RULES:
+        value = getattr(args, flag.replace("-", "_"))
+        given = any(word == f"--{flag}" or word.startswith(f"--{flag}=") for word in argv)
+        if value < 0 or (given and value == 0):
+            raise NormplugError(f"--{flag} {value} trains nothing: give a number over 0 (below 0 fairseq-train "
+                                "stops at once and exits 0; it reads 0 as no limit: leave the flag out for that)")
 
 
 def _scoring_argv(tool, recipe: Recipe, checkpoint, data, gpu, extra, flags, exe) -> List[str]:
@@ -138,8 +167,33 @@ def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = N
     if ev["remove_bpe"]:
         flags += ["--remove-bpe", ev["remove_bpe"]]
     if ev["model_overrides"]:
-        flags += ["--model-overrides", repr(dict(ev["model_overrides"]))]
+        flags += ["--model-overrides", python_dict(ev["model_overrides"])]
     return _scoring_argv("fairseq-generate", recipe, checkpoint, data, gpu, extra, flags, exe)
+
+
+def python_dict(mapping) -> str:
+    """A dict as fairseq's --model-overrides reads it (ast.literal_eval) and as a person types it: its strings
+    in JSON's double quotes, so that a shell's single quotes hold the whole."""
+    return "{" + ", ".join(f"{json.dumps(str(k))}: {json.dumps(v) if isinstance(v, str) else repr(v)}"
+                           for k, v in mapping.items()) + "}"
+
+
+def command_line(argv: Sequence) -> str:
+    """``argv`` as a person types it: shlex's single quotes, or double quotes around a word that holds a single
+    quote and nothing a shell expands inside double quotes."""
+    return " ".join(f'"{word}"' if "'" in word and not set(word) & set('"$`\\!') else shlex.quote(word)
+                    for word in map(str, argv))
+
+
+def check_visible_gpus(gpus: int, flag: str = "--gpus"):
+    """Refuse, before anything starts, a run over more GPUs than this process sees (fairseq-train would stop
+    with an AssertionError after its start-up); ``flag`` asked for them."""
+    visible = torch.cuda.device_count()
+    if gpus > max(visible, 1):
+        devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ConfigError(f"{flag} {gpus}: {visible} GPU{'' if visible == 1 else 's'} visible here"
+                          f"{'' if devices is None else f' (CUDA_VISIBLE_DEVICES={devices})'}; --dry-run prints "
+                          f"the {gpus}-GPU command lines on any machine")
 
 
 def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, data=None, gpu: Optional[bool] = None,

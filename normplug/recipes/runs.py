@@ -5,13 +5,12 @@ import datetime
 import hashlib
 import io
 import json
-import shlex
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import (check_flags, child_env, eval_lm_argv, flag_changes, generate_argv, gpu_flags, merged_flags,
-                       recipe_changes, run_logged, split_extra, train_argv, write_atomic)
+from .commands import (check_flags, child_env, command_line, eval_lm_argv, flag_changes, generate_argv, gpu_flags,
+                       merged_flags, recipe_changes, run_logged, split_extra, train_argv, write_atomic)
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe, load_config
 from .scoring import score_language_model, score_translation
 
@@ -101,7 +100,7 @@ def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, g
     save_dir = next((words[0] for key, words in split_extra(extra) if key == "save-dir" and words), save_dir)
     save_dir, changes = Path(save_dir) if save_dir else recipe.default_save_dir(), recipe_changes(extra)
     run, identity, flags = prior_run(recipe, save_dir, data, changes)
-    if run and run.get("rc") == 0:
+    if run and run.get("rc") == 0 and not run.get("error"):
         # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
         log(f"== {recipe.name}: reusing the finished run in {save_dir}")
         return 0
@@ -115,13 +114,17 @@ def train(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None, g
         record.update(outcome, seconds=round(time.time() - t0, 1))
         write_atomic(save_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
     save()
-    log("$ " + shlex.join(argv))
+    log("$ " + command_line(argv))
     try:
         rc = run_logged(argv, save_dir / "train.log", echo, child_env(threads), "a")[0]  # a relaunch goes on
     except KeyboardInterrupt:
         save(interrupted=True)
         then = "resumes it from checkpoint_last.pt" if (save_dir / "checkpoint_last.pt").exists() else "starts it again"
         raise KeyboardInterrupt(f"fairseq-train stopped; the same command {then} ({save_dir})") from None
+    if rc == 0 and not any(save_dir.glob("checkpoint*.pt")):  # trained nothing, or saved nothing: not done
+        save(rc=rc, error="fairseq-train exited 0 without writing a checkpoint")
+        raise RuntimeError(f"fairseq-train exited 0 without writing a checkpoint in {save_dir}: recorded as "
+                           f"failed (see {save_dir / 'train.log'})")
     save(rc=rc)
     return rc
 
@@ -178,13 +181,13 @@ def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print) -> Tuple[Path, Lis
 
 
 def train_command(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None) -> str:
-    """What :func:`train` runs, as a reader would type it."""
-    return shlex.join(["fairseq-train", *train_argv(recipe, save_dir, extra, data, exe=False)])
+    """What :func:`train` runs on a GPU machine, as a reader would type it."""
+    return command_line(["fairseq-train", *train_argv(recipe, save_dir, extra, data, gpu=True, exe=False)])
 
 
 def evaluate_commands(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra=()) -> List[str]:
-    """What :func:`evaluate` runs, as a reader would type it: the average of the checkpoints the config
-    names (normplug-average), then fairseq-generate, or fairseq-eval-lm without and with context."""
+    """What :func:`evaluate` runs on a GPU machine, as a reader would type it: the average of the checkpoints
+    the config names (normplug-average), then fairseq-generate, or fairseq-eval-lm without and with context."""
     ckdir, ev, argvs = Path(ckdir) if ckdir else recipe.default_save_dir(), recipe.evaluate, []
     path = Path(checkpoint) if checkpoint else ckdir / f"checkpoint_{ev['checkpoint']}.pt"
     if not checkpoint and not ev["checkpoint"]:
@@ -193,11 +196,17 @@ def evaluate_commands(recipe: Recipe, ckdir=None, data=None, checkpoint=None, ex
         argvs.append(["normplug-average", "--inputs", str(ckdir), f"--num-{kind}-checkpoints", str(n),
                       "--output", str(path)])
     if recipe.task == "translation":
-        argvs.append(["fairseq-generate", *generate_argv(recipe, path, data, extra=extra, exe=False)])
+        argvs.append(["fairseq-generate", *generate_argv(recipe, path, data, gpu=True, extra=extra, exe=False)])
     else:
-        argvs += [["fairseq-eval-lm", *eval_lm_argv(recipe, path, context, data, extra=extra, exe=False)]
+        argvs += [["fairseq-eval-lm", *eval_lm_argv(recipe, path, context, data, gpu=True, extra=extra, exe=False)]
                   for context in (0, ev["context_window"])]
-    return [shlex.join(argv) for argv in argvs]
+    return [command_line(argv) for argv in argvs]
+
+
+def dry_run_note(gpus: Optional[int] = None) -> str:
+    """The comment line above what --dry-run prints: the GPU run, whatever machine prints it."""
+    where = "a GPU" if gpus is None else f"{gpus} GPU{'s' * (gpus > 1)} (--distributed-world-size {gpus})"
+    return f"# the command lines as the driver runs them on {where}; on a machine without a GPU it adds --cpu"
 
 
 def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_generate=(),
@@ -253,6 +262,8 @@ def row_status(recipe: Recipe, run: Optional[dict], scores: Optional[dict]) -> s
         return "not run" if scores is None else "full (training not recorded)"
     if run.get("rc") is None:
         return "interrupted (a relaunch resumes it)" if run.get("interrupted") else "unfinished: training, or killed"
+    if run.get("error"):
+        return f"failed: {run['error']}"
     if run["rc"] != 0:
         return f"failed: fairseq-train exited {run['rc']}"
     changed = flag_changes(run.get("flags", {}), merged_flags(recipe, run.get("extra", [])))
@@ -328,6 +339,15 @@ def write_results(rows, out: Path) -> List[str]:
     return table
 
 
+def training_failure(recipe: Recipe, ckdir: Path, extra, data, log) -> Optional[str]:
+    """:func:`train` into ``ckdir``: why it failed, or None (configs that share the training read it)."""
+    try:
+        rc = train(recipe, ckdir, extra, data, echo=None, log=log)
+    except RuntimeError as err:
+        return str(err)
+    return f"fairseq-train exited {rc}; see {ckdir / 'train.log'}" if rc else None
+
+
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None, table_only=False,
               dry_run=False, gpus=1, log=print) -> int:
     """Train and evaluate each config into ``out/<training name>`` (``table_only``: only read what runs
@@ -341,6 +361,7 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     if any(key == "save-dir" for key, _ in split_extra(extra)):
         raise ConfigError("reproduce trains each config into --out/<name>: --save-dir has no place here")
     if dry_run:
+        log(dry_run_note(gpus))
         for i, recipe in enumerate(recipes):  # a shared training once
             ckdir, first = out / recipe.training_name, all(r.training_name != recipe.training_name for r in recipes[:i])
             log("\n".join([f"# {recipe.name}", *[train_command(recipe, ckdir, extras[recipe.name], data)] * first,
@@ -356,12 +377,11 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
         ckdir = out / recipe.training_name
         try:
             if not table_only:
-                if recipe.training_name not in trained:
+                if recipe.training_name not in trained:  # its failure, or None
                     log(f"== {recipe.name}: training into {ckdir}")
-                    trained[recipe.training_name] = train(recipe, ckdir, extras[recipe.name], data, echo=None, log=log)
-                if trained[recipe.training_name] != 0:
-                    raise RuntimeError(f"fairseq-train exited {trained[recipe.training_name]}; "
-                                       f"see {ckdir / 'train.log'}")
+                    trained[recipe.training_name] = training_failure(recipe, ckdir, extras[recipe.name], data, log)
+                if trained[recipe.training_name]:
+                    raise RuntimeError(trained[recipe.training_name])
                 log(f"== {recipe.name}: evaluating")
                 evaluate(recipe, ckdir, data=data, log=log)
             row = result_row(recipe, out)

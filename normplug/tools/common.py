@@ -1,11 +1,13 @@
 """What ``normplug-tid``, ``normplug-average`` and the recipe driver share: finding fairseq, reading
 checkpoints and data splits, one-line errors, and outputs that are never left half-written."""
 import argparse
+import importlib.metadata
 import itertools
 import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -23,17 +25,62 @@ class ToolError(NormplugError):
     """A user-facing error: the tools print ``prog: error: <message>`` and exit 2."""
 
 
-# setup.py's fairseq extra; installed without its dependencies, which pull torchaudio and a second torch
+# fairseq itself, installed after normplug's fairseq extra (its runtime dependencies) without its own: both
+# builds declare torchaudio, which pulls a second torch (README, "Using it from your own environment")
 FAIRSEQ = "fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2"
-INSTALL_FAIRSEQ = f"pip install --no-deps --no-build-isolation {FAIRSEQ} (README: fairseq is not a dependency)"
+INSTALL_FAIRSEQ = f"pip install --no-deps --no-build-isolation {FAIRSEQ}"
+README_ROUTE = "README: Using it from your own environment"
+
+
+def unmet_requirements(extra: str = "fairseq") -> List[str]:
+    """What the installed normplug declares (with ``extra``) for this Python that is missing or at a
+    version outside its range, as pip requirements."""
+    from packaging.requirements import Requirement
+    unmet = []
+    for text in importlib.metadata.requires("normplug") or []:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        try:
+            met = req.specifier.contains(importlib.metadata.version(req.name), prereleases=True)
+        except importlib.metadata.PackageNotFoundError:
+            met = False
+        if not met:
+            unmet.append(f"{req.name}{req.specifier}")
+    return unmet
+
+
+def install_fairseq_hint() -> str:
+    """The command that installs what fairseq lacks here (its dependencies that are missing, then fairseq
+    if it is missing), or "" where nothing is; never a command whose work is already done."""
+    try:
+        unmet = unmet_requirements()
+    except importlib.metadata.PackageNotFoundError:  # normplug imported from a checkout, not installed
+        return f'install them: pip install -e ".[fairseq]" in the normplug checkout, then {INSTALL_FAIRSEQ} ' \
+               f"({README_ROUTE})"
+    steps = [f"pip install {' '.join(shlex.quote(r) for r in unmet)}"] if unmet else []
+    if not any(_installed(name) for name in ("fairseq", "fairseq-fixed")):
+        steps.append(INSTALL_FAIRSEQ)
+    return f"install {'them' if unmet else 'it'}: {' && '.join(steps)} ({README_ROUTE})" if steps else ""
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def need_fairseq(what: str):
-    """Refuse in one line, with the install command, where fairseq does not import."""
+    """Refuse in one line, naming the module that failed and the command that installs it, where
+    fairseq does not import."""
     try:
         import fairseq  # noqa: F401
     except ImportError as err:
-        raise ToolError(f"{what} needs fairseq ({first_line(err)}): {INSTALL_FAIRSEQ}") from None
+        hint = install_fairseq_hint() or ("fairseq and every package normplug declares for it are installed: "
+                                          "`python -c 'import fairseq'` shows the whole error")
+        raise ToolError(f"{what} needs fairseq, which does not import ({first_line(err)}); {hint}") from None
 
 
 def fairseq_exe(tool: str) -> str:
@@ -41,7 +88,8 @@ def fairseq_exe(tool: str) -> str:
     here = Path(sys.executable).parent / tool
     found = str(here) if here.exists() else shutil.which(tool)
     if not found:
-        raise ToolError(f"{tool} is neither next to {sys.executable} nor on PATH: {INSTALL_FAIRSEQ}")
+        hint = install_fairseq_hint() or "fairseq is installed: put the folder of its console scripts on PATH"
+        raise ToolError(f"{tool} is neither next to {sys.executable} nor on PATH; {hint}")
     return found
 
 

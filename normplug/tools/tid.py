@@ -73,7 +73,7 @@ class TIDMeter:
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.partition("``: ")[2].replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files, or save dirs (every checkpointN.pt / checkpoint_E_U.pt in them)")
@@ -147,21 +147,38 @@ def write_csv(results, path):
                                                  for info, layers in results for layer in layers])
 
 
+# several runs (BN against RBN): a colour family and a line style per run, a shade per layer
+RUN_STYLES = (("Blues", "-"), ("Oranges", "--"), ("Greens", ":"), ("Purples", "-."))
+
+
+def layer_colours(runs: Dict[str, list]) -> Dict[str, list]:
+    """Run label -> one colour per layer: tab10's per layer for one run; for several, each run's own family
+    (no colour is shared between runs), darker for later layers."""
+    import matplotlib
+    names = {label: list(dict.fromkeys(layer.layer for _, layers in results for layer in layers))
+             for label, results in runs.items()}
+    if len(runs) == 1:
+        return {label: [f"C{i % 10}" for i in range(len(layers))] for label, layers in names.items()}
+    return {label: [matplotlib.colormaps[family](0.4 + 0.55 * i / max(len(layers) - 1, 1))
+                    for i in range(len(layers))] for (label, layers), (family, _) in zip(names.items(), RUN_STYLES)}
+
+
 def draw(runs: Dict[str, list], path, split):
     """Mean and variance TID of every BN/PN layer over the checkpoints of each run (``runs``: label ->
-    :func:`run`'s results), one line per layer and run, x = the checkpoints in training order."""
+    :func:`run`'s results, at most 4), one line per layer and run, x = the checkpoints in training order."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), dpi=110)
     ticks = [_label(info, os.path.basename(info.path)) for info, _ in next(iter(runs.values()))]
+    colours = layer_colours(runs)
     for ax, key, title in zip(axes, ("tid_mean", "tid_var"), ("mean TID  mean_c |μ̂−μ_B| / σ_B",
                                                              "variance TID  mean_c |σ̂/σ_B − 1|")):
-        for style, (label, results) in zip(("-", "--", ":", "-."), runs.items()):  # a colour per layer
+        for (_, style), (label, results) in zip(RUN_STYLES, runs.items()):
             for i, name in enumerate(dict.fromkeys(layer.layer for _, layers in results for layer in layers)):
                 ys = [next((getattr(x, key) for x in layers if x.layer == name), None) for _, layers in results]
                 if any(y is not None for y in ys):
-                    ax.plot([math.nan if y is None else y for y in ys], style, color=f"C{i % 10}", marker="o",
+                    ax.plot([math.nan if y is None else y for y in ys], style, color=colours[label][i], marker="o",
                             label=f"{label} {name}".strip())
         if ax.lines:
             ax.legend(fontsize=7)
@@ -188,8 +205,7 @@ def main(argv=None):
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                raise ToolError("--plot needs matplotlib, the 'plot' extra of normplug: "
-                                "pip install 'normplug[plot]' (or pip install matplotlib)") from None
+                raise ToolError("--plot needs matplotlib (normplug's 'plot' extra): pip install matplotlib") from None
         results = run(args)
         print_table(results, args.split)
         for path, write in ((args.csv, write_csv), (args.plot, lambda rows, tmp: draw({"": rows}, tmp, args.split))):
