@@ -18,8 +18,9 @@ import torch
 pytest.importorskip("triton")
 
 from normplug.norms import NormConfigError, create_norm  # noqa: E402
+from normplug.norms.impl import MAX_ROW_CHANNELS  # noqa: E402
 from normplug.norms import per_token  # noqa: E402
-from normplug.norms import triton_token  # noqa: E402
+from normplug.norms import triton_grid, triton_token  # noqa: E402
 from test_norms_per_token import CONFIGS as PER_TOKEN_CONFIGS  # noqa: E402
 
 # (name, options) of every fused configuration: the torch tests' per-token configurations but `layer`
@@ -88,10 +89,14 @@ class LaunchSpy:
 @pytest.mark.parametrize("name,opts", CONFIGS, ids=IDS)
 def test_backward_programs_stride_over_tiles(name, opts, monkeypatch):
     """Tiles of 2 tokens: 8 tiles for 15 tokens, the last one half empty; the forward runs a
-    program per tile, the persistent backward 3 (a 3-multiprocessor device here), which
-    stride over 3, 3 and 2 tiles and each add their share of a parameter's gradient."""
-    monkeypatch.setattr(triton_token, "_TILE", 128)
-    monkeypatch.setattr(triton_token, "multiprocessor_count", lambda device: 3)
+    program per tile, the persistent backward 3 (one resident program on each of 3
+    multiprocessors here), which stride over 3, 3 and 2 tiles and each add their share of a
+    parameter's gradient."""
+    monkeypatch.setattr(triton_token, "WARPS", 1)
+    monkeypatch.setattr(triton_token, "FORWARD_PER_THREAD", 4)  # 128 elements a tile: 2 tokens of 64
+    monkeypatch.setattr(triton_token, "BACKWARD_PER_THREAD", 4)
+    monkeypatch.setattr(triton_token, "gpu_of", lambda device: triton_grid.Gpu("tiny", 3))
+    monkeypatch.setattr(triton_token, "resident_programs", lambda *args: 1)
     forward = LaunchSpy(triton_token._forward_kernel)
     backward = LaunchSpy(triton_token._backward_kernel)
     monkeypatch.setattr(triton_token, "_forward_kernel", forward)
@@ -233,9 +238,16 @@ def test_auto_runs_torch_on_cpu_tensors(monkeypatch):
 
 
 def test_too_many_channels_is_a_clear_error():
-    norm = create_norm("scale", 2**16 + 1, impl="triton")
-    with pytest.raises(NormConfigError, match="65537.*impl='torch'"):
-        norm(torch.ones(1, 1, 2**16 + 1))
+    """A token wider than the kernels hold in registers: refused when the norm is built, and
+    when a norm without parameters meets a wider input."""
+    wide = MAX_ROW_CHANNELS + 1
+    with pytest.raises(NormConfigError, match=rf"norm 'scale': .*at most {MAX_ROW_CHANNELS} channels, got {wide}; "
+                                              r"use impl='torch'"):
+        create_norm("scale", wide, impl="triton")
+    norm = create_norm("layer_simple", 8, impl="triton")
+    with pytest.raises(NormConfigError, match=rf"norm 'layer_simple': .*got {wide}"):
+        norm(torch.ones(1, 1, wide))
+    assert create_norm("scale", MAX_ROW_CHANNELS, impl="triton").impl == "triton"
 
 
 @pytest.mark.slow
