@@ -51,6 +51,7 @@ class Launch(NamedTuple):
     spill_bytes: int  # local memory a thread (ptxas spills registers there)
     shared: int
     bytes: int  # each tensor argument once
+    merge_bytes: int  # partial sums re-read by every split of a merging launch (from L2)
     streams: bool  # reads an N×C tensor
 
     @property
@@ -91,7 +92,10 @@ class _AotUtils:
                                    check=True).stdout
         found = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage))
         regs, spills = int(found["REG"]), int(found["STACK"]) + int(found["LOCAL"])
-        return None, (name, regs, spills), regs, spills, 1024  # module, function, n_regs, n_spills, threads
+        return name, (name, regs, spills), regs, spills, 1024  # module, function, n_regs, n_spills, threads
+
+    def unload_module(self, module):
+        pass
 
 
 class _AotDriver:
@@ -114,12 +118,18 @@ class _AotDriver:
         return self.target
 
     def launcher_cls(self, src, metadata):
+        names = src.fn.arg_names
+
         def launch(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter, exit_, *args):
             name, regs, spills = function
+            values = dict(zip(names, args))
             tensors = {a.data_ptr(): a for a in args if isinstance(a, torch.Tensor)}
             streams = any(t.numel() == self.n_by_c for t in tensors.values())
+            # a launch that merges S splits' partials (an argument S) reads them once a split
+            merges = "S" in values and values["S"] > 1
+            merge_bytes = values["part_ptr"].nbytes * gy if merges else 0
             self.launches.append(Launch(name, (gx, gy, gz), metadata.num_warps, regs, spills, metadata.shared,
-                                        sum(t.nbytes for t in tensors.values()), streams))
+                                        sum(t.nbytes for t in tensors.values()), merge_bytes, streams))
         return launch
 
     n_by_c = None
@@ -145,12 +155,18 @@ def compiling_for(arch):
         driver._active = previous
 
 
-def step_launches(name, options, N, C, dtype, arch):
-    """The launches of one training step (forward, backward) of norm ``name`` on N tokens of C
-    channels in ``dtype`` (a third of the sentences end in padding at half length)."""
+def step_launches(name, options, N, C, dtype, arch, training=True, sync=False):
+    """The launches of one step (forward, backward; in training or eval) of norm ``name`` on N
+    tokens of C channels in ``dtype`` (a third of the sentences end in padding at half length);
+    ``sync``: statistics summed over workers (a one-worker gloo group)."""
     with compiling_for(arch) as (launches, aot):
         aot.n_by_c = N * C
-        norm = create_norm(name, C, impl="triton", **options).to(dtype).train()
+        norm = create_norm(name, C, impl="triton", **options).to(dtype).train(training)
+        if sync:
+            if not torch.distributed.is_initialized():
+                torch.distributed.init_process_group("gloo", init_method="file://" + tempfile.mktemp(),
+                                                     rank=0, world_size=1)
+            norm._sync = lambda: True
         T = N // SENTENCES
         x = torch.empty(T, SENTENCES, C, dtype=dtype).requires_grad_(True)
         pad = torch.zeros(SENTENCES, T, dtype=torch.bool)
@@ -158,6 +174,23 @@ def step_launches(name, options, N, C, dtype, arch):
         y = norm(x, pad)
         y.backward(torch.empty_like(y))
     return launches
+
+
+def records(arch, cases):
+    """One dict a launch of each case (name, options, N, C, dtype name, training, sync), with
+    its resident warps a multiprocessor, or one dict with the error of a refused case."""
+    gpu = triton_grid.PLANNED_GPUS[arch]
+    rows = []
+    for name, options, N, C, dtype, training, sync in cases:
+        case = dict(arch=arch, norm=name, options=options, N=N, C=C, dtype=dtype, training=training, sync=sync)
+        try:
+            launches = step_launches(name, options, N, C, DTYPES[dtype], arch, training, sync)
+        except Exception as err:  # noqa: BLE001 (a refused width is a record)
+            rows.append(dict(case, error=f"{type(err).__name__}: {err}"))
+            continue
+        rows += [dict(case, **launch._asdict(), programs=launch.programs,
+                      resident_warps=launch.resident_warps(gpu)) for launch in launches]
+    return rows
 
 
 def layer_norm_launches(N, C, dtype):
@@ -178,8 +211,8 @@ def table(arch, norms, sizes, dtypes, emit=print):
     gpu = triton_grid.PLANNED_GPUS[arch]
     emit(f"Compiled for sm_{arch} ({gpu.name}, {gpu.multiprocessors} multiprocessors); times are "
          f"bytes / {H100_BANDWIDTH / 1e12:.2f} TB/s, estimates, not measurements.")
-    emit("| dtype | N×C | norm | launch | MB | programs | warps | regs | spill B | resident warps/SM | est. µs |")
-    emit("|---|---|---|---|---|---|---|---|---|---|---|")
+    emit("| dtype | N×C | norm | launch | MB | merge MB | programs | warps | regs | spill B | resident warps/SM | est. µs |")
+    emit("|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst = []
     for dtype in dtypes:
         for N, C in sizes:
@@ -187,7 +220,7 @@ def table(arch, norms, sizes, dtypes, emit=print):
             ln = layer_norm_launches(N, C, dtype)
             ln_us = sum(b for _, b in ln) / H100_BANDWIDTH * 1e6
             for kernel, nbytes in ln:
-                emit(f"| {str(dtype)[6:]} | {size} | layer (torch) | {kernel} | {nbytes / 1e6:.1f} | | | | | | "
+                emit(f"| {str(dtype)[6:]} | {size} | layer (torch) | {kernel} | {nbytes / 1e6:.1f} | | | | | | | "
                      f"{nbytes / H100_BANDWIDTH * 1e6:.1f} |")
             for name in norms:
                 options = norm_options(name, C)
@@ -203,10 +236,11 @@ def table(arch, norms, sizes, dtypes, emit=print):
                     total += us
                     warps = launch.resident_warps(gpu)
                     emit(f"| {str(dtype)[6:]} | {size} | {label} | {launch.kernel} | {launch.bytes / 1e6:.1f} | "
+                         f"{launch.merge_bytes / 1e6:.1f} | "
                          f"{launch.programs} | {launch.warps} | {launch.registers} | {launch.spill_bytes} | "
                          f"{warps if launch.streams else '-'} | {us:.1f} |")
                     worst.append((launch.spill_bytes, label, size, launch.kernel))
-                emit(f"| {str(dtype)[6:]} | {size} | {label} | **step** | | {len(launches)} launches | | | | | "
+                emit(f"| {str(dtype)[6:]} | {size} | {label} | **step** | | | {len(launches)} launches | | | | | "
                      f"{total:.1f} = {total / ln_us:.2f} × LayerNorm's {ln_us:.1f} |")
     spills = [w for w in worst if w[0]]
     emit(f"launches that spill: {len(spills)} of {len(worst)}" + (f" (first: {spills[0]})" if spills else ""))

@@ -19,7 +19,7 @@ from test_triton_batch import twins  # noqa: E402
 
 
 def batch_of(T, B, C, seed, padding="some"):
-    """x (non-contiguous, NaN at padding), a B×T padding mask and the upstream gradient;
+    """x (non-contiguous), a B×T padding mask and the upstream gradient, both NaN at padding;
     ``padding``: "some" (random lengths, an empty and a full sentence), "none" (mask None), "all"."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, T + 1, (B,), generator=g)
@@ -27,22 +27,25 @@ def batch_of(T, B, C, seed, padding="some"):
     lengths = {"some": lengths, "none": torch.full((B,), T), "all": torch.zeros(B)}[padding]
     pad = torch.arange(T)[None, :] >= lengths[:, None]
     x = (torch.randn(B, T, C, generator=g) * 2 + 0.5).transpose(0, 1)
-    x[pad.t()] = float("nan")  # padding is never read: a NaN there would reach every output
-    return x, None if padding == "none" else pad, torch.randn(T, B, C, generator=g)
+    up = torch.randn(T, B, C, generator=g)
+    # whatever padding holds never enters a sum: a NaN there would reach every output
+    x[pad.t()] = up[pad.t()] = float("nan")
+    return x, None if padding == "none" else pad, up
 
 
 def train_step(norm, x, pad, up, penalty):
     """Output, input gradient, batch statistics, parameter gradients and buffers after one
-    training step of Σ y·up (+ the RBN penalty's two terms)."""
+    training step with upstream gradient ``up`` (+ the RBN penalty's two terms)."""
     norm.zero_grad(set_to_none=True)
     x = x.detach().clone().requires_grad_(True)
     y = norm(x, pad_mask=pad)
     stats = [s.detach().clone() for s in norm._batch_stats if s is not None]
-    loss = (y * up).sum()
+    outputs, grads = [y], [up]
     if penalty:
         d = norm.discrepancy()
-        loss = loss + 3.0 * d.rbn_mean + 2.0 * d.rbn_var
-    loss.backward()
+        outputs.append(3.0 * d.rbn_mean + 2.0 * d.rbn_var)
+        grads.append(torch.ones(()))
+    torch.autograd.backward(outputs, grads)
     return ([y.detach(), x.grad] + stats + [p.grad for p in norm.parameters()]
             + [b.clone() for b in norm.buffers()])
 

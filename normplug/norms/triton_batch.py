@@ -31,10 +31,10 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .triton_grid import gpu_of, resident_programs
+from .triton_grid import cdiv, resident_programs
 
 BLOCK_C = 64  # channels of a tile: row segments of 128 bytes in 16-bit types, 256 in float32
-WARPS = 8  # a program's warps
+WARPS = 16  # a program's warps
 TILE_BYTES = 32 * WARPS * 32  # of each streamed tensor a program loads at once: 32 bytes a thread
 SPLIT_CHUNK = 16  # partials a merge loads at once (registers bounded whatever the split count)
 
@@ -50,11 +50,11 @@ def split_plan(kernel, args, options, n_rows: int, col_blocks: int, device: torc
     reducing a whole number of BLOCK_R row blocks. ``args`` are the launch's arguments before
     its rows per split (a dtype stands for an output not yet allocated)."""
     block_r = options["BLOCK_R"]
-    programs = resident_programs(kernel, (*args, block_r), options, device) * gpu_of(device).multiprocessors
+    programs = resident_programs(kernel, (*args, block_r), options, device)
     # one wave: a program more than the GPU holds would run after the others
-    splits = max(1, min(programs // col_blocks, triton.cdiv(n_rows, block_r)))
-    rows = triton.cdiv(triton.cdiv(n_rows, splits), block_r) * block_r
-    splits = max(1, triton.cdiv(n_rows, rows))
+    splits = max(1, min(programs // col_blocks, cdiv(n_rows, block_r)))
+    rows = cdiv(cdiv(n_rows, splits), block_r) * block_r
+    splits = max(1, cdiv(n_rows, rows))
     return (col_blocks, splits), rows, splits
 
 
@@ -312,11 +312,10 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
     number of real tokens (0 without batch statistics)."""
     T, B, C = x.shape
     N = T * B
-    x2 = x.contiguous().view(N, C)
+    x2 = x.contiguous()  # read as N×C
     pad_t, sb, st = pad_args(pad_mask, x2)
-    col_blocks = triton.cdiv(C, BLOCK_C)
+    col_blocks = cdiv(C, BLOCK_C)
     f32 = dict(device=x.device, dtype=torch.float32)
-    part, cnt = torch.empty(2, 1, C, **f32), torch.empty(1, **f32)  # one split: the running statistics
     if batch_stats:
         options = _options(x2, pad_mask)
         head = (x2, pad_t, torch.float32, torch.float32, N, C, B, sb, st)
@@ -325,15 +324,18 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
         _bn_stats_kernel[grid](x2, pad_t, part, cnt, N, C, B, sb, st, split_rows, **options)
         if sync:
             part, cnt = _synced_moments(part, cnt)
+            splits = 1
+    else:
+        part, cnt, splits = running_mean, running_mean, 0  # the running statistics normalise
     mean, var, count = torch.empty(C, **f32), torch.empty(C, **f32), torch.empty((), **f32)
     y = torch.empty_like(x2)
     options = _options(x2, pad_mask, AFFINE=weight is not None, BATCH_STATS=batch_stats,
                        UPDATE_RUNNING=update_running, CHUNK=SPLIT_CHUNK)
-    head = (x2, pad_t, y, part, cnt, part.shape[1], mean, var, count, weight, bias, running_mean,
+    head = (x2, pad_t, y, part, cnt, splits, mean, var, count, weight, bias, running_mean,
             running_var, num_batches_tracked, N, C, B, sb, st, eps, momentum)
     grid, split_rows, _ = split_plan(_bn_apply_kernel, head, options, N, col_blocks, x.device)
     _bn_apply_kernel[grid](*head, split_rows, **options)
-    return y.view(T, B, C), mean, var, count
+    return y, mean, var, count
 
 
 def backward_launches(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Optional[torch.Tensor],
@@ -343,11 +345,11 @@ def backward_launches(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Opt
     """(∂L/∂x, ∂L/∂γ, ∂L/∂β) from the gradients of y, μ_B and σ²_B (empty γ, β grads without affine)."""
     T, B, C = x.shape
     N = T * B
-    x2, gy2 = x.contiguous().view(N, C), gy.contiguous().view(N, C)
+    x2, gy2 = x.contiguous(), gy.contiguous()  # read as N×C
     pad_t, sb, st = pad_args(pad_mask, x2)
-    col_blocks = triton.cdiv(C, BLOCK_C)
+    col_blocks = cdiv(C, BLOCK_C)
     affine = weight is not None
-    part = torch.empty(2, 1, C, device=x.device, dtype=torch.float32)  # not read without sums
+    part, splits = mean, 0  # no sums to merge
     if affine or batch_stats:
         options = _options(x2, pad_mask)
         head = (gy2, x2, pad_t, mean, var, torch.float32, N, C, B, sb, st, eps)
@@ -363,14 +365,14 @@ def backward_launches(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Opt
         zeros = torch.zeros_like(local[0])
         both = torch.cat([local, torch.stack([zeros if g is None else g for g in (gmean, gvar)])])
         dist.all_reduce(both)
-        part, gmean, gvar = both[:2, None], both[2], both[3]
+        part, gmean, gvar, splits = both[:2, None], both[2], both[3], 1
         if affine:
             db.copy_(local[0])
             dw.copy_(local[1])
     options = _options(x2, pad_mask, AFFINE=affine, PARAM_GRADS=affine and not (sync and batch_stats),
                        BATCH_STATS=batch_stats, HAS_GMEAN=gmean is not None, HAS_GVAR=gvar is not None,
                        CHUNK=SPLIT_CHUNK)
-    head = (gy2, x2, pad_t, dx, part, part.shape[1], gmean, gvar, mean, var, count, weight, dw, db,
+    head = (gy2, x2, pad_t, dx, part, splits, gmean, gvar, mean, var, count, weight, dw, db,
             N, C, B, sb, st, eps)
     grid, split_rows, _ = split_plan(_bn_grad_input_kernel, head, options, N, col_blocks, x.device)
     _bn_grad_input_kernel[grid](*head, split_rows, **options)

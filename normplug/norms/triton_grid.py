@@ -20,6 +20,16 @@ import torch
 NOMINAL_REGISTERS = 64  # a thread's registers assumed where no kernel is compiled (the interpreter)
 
 
+# triton.cdiv and triton.next_power_of_2 cost microseconds a call on the host (constexpr functions)
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of 2 >= n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
 class Gpu(NamedTuple):
     """What a multiprocessor holds: the limits that decide how many programs stay resident."""
 
@@ -68,23 +78,23 @@ _resident = {}
 
 
 def resident_programs(kernel, args, options, device: torch.device) -> int:
-    """Programs of ``kernel`` resident on one multiprocessor of ``device``'s GPU when launched on
-    ``args`` with ``options`` (its constexprs and num_warps; a dtype in ``args`` stands for a
-    tensor of that dtype). The kernel is compiled for these
-    arguments (and kept by Triton for the launch); its registers are read once per kernel,
-    options and argument dtypes: other specialisations (an int divisible by 16 or not) differ
-    by a few registers at most. The interpreter compiles nothing: NOMINAL_REGISTERS."""
-    from triton.runtime import JITFunction
-
-    gpu = gpu_of(device)
-    key = (kernel, gpu, tuple(sorted(options.items())),
-           tuple(a.dtype if isinstance(a, torch.Tensor) else a if isinstance(a, torch.dtype) else None
-                 for a in args))
+    """Programs of ``kernel`` that ``device``'s GPU keeps resident (on all its multiprocessors)
+    when launched on ``args`` with ``options`` (its constexprs and num_warps; a dtype in
+    ``args`` stands for a tensor of that dtype). The kernel is compiled for these arguments (and
+    kept by Triton for the launch); its registers are read once per kernel, options and dtype
+    of the first argument: other specialisations (another dtype of a parameter, an int
+    divisible by 16 or not) differ by a few registers at most. The interpreter compiles
+    nothing: NOMINAL_REGISTERS."""
+    key = (kernel, device, planned_gpu, getattr(args[0], "dtype", None), *options.values())
     if key not in _resident:
+        from triton.runtime import JITFunction
+
+        gpu = gpu_of(device)
         registers, shared = NOMINAL_REGISTERS, 0
         if isinstance(kernel, JITFunction):  # compiled by Triton, not run by its interpreter
             compiled = kernel.warmup(*args, grid=(1,), **options)
             compiled._init_handles()  # loads the binary, which reports its registers
             registers, shared = compiled.n_regs, compiled.metadata.shared
-        _resident[key] = programs_per_multiprocessor(registers, options.get("num_warps", 4), shared, gpu)
+        per_multiprocessor = programs_per_multiprocessor(registers, options.get("num_warps", 4), shared, gpu)
+        _resident[key] = per_multiprocessor * gpu.multiprocessors
     return _resident[key]

@@ -22,6 +22,7 @@ from .impl import MAX_GROUP_CHANNELS, check_width
 from .power import GROUP_HELD
 from .triton_batch import (WARPS, empty_grads, pad_args, real_rows, split_plan,
                            sum_splits, traced)
+from .triton_grid import cdiv, next_power_of_2
 
 MIN_TILE_CHANNELS = 64  # channels of a tile at least: narrow groups share a program
 MERGE_COLS = 4  # channels per merge program: the partials are small, so many programs share them
@@ -210,12 +211,12 @@ def _group_tile(x2, groups, per_thread, pad_mask, **flags):
     N, C = x2.shape
     D = C // groups
     check_width("power", "triton", D, MAX_GROUP_CHANNELS, GROUP_HELD)
-    db = triton.next_power_of_2(D)
-    gb = min(triton.next_power_of_2(groups), max(1, MIN_TILE_CHANNELS // db))
+    db = next_power_of_2(D)
+    gb = min(next_power_of_2(groups), max(1, MIN_TILE_CHANNELS // db))
     rows = max(1, per_thread * 32 * WARPS // (gb * db))
     warps = min(32, max(WARPS, rows * gb * db // (32 * per_thread)))
     options = dict(flags, HAS_PAD=pad_mask is not None, GB=gb, DB=db, BLOCK_R=rows, num_warps=warps)
-    return options, triton.cdiv(groups, gb), D
+    return options, cdiv(groups, gb), D
 
 
 def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
@@ -229,7 +230,6 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
     x2 = x.contiguous().view(N, C)
     pad_t, sb, st = pad_args(pad_mask, x2)
     f32 = dict(device=x.device, dtype=torch.float32)
-    part, cnt = torch.empty(1, C, **f32), torch.empty(1, **f32)  # not read in eval
     if training:
         options, blocks, D = _group_tile(x2, groups, 16, pad_mask)
         head = (x2, pad_t, torch.float32, torch.float32, N, C, B, sb, st, groups, D, group_eps)
@@ -240,8 +240,10 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
             sums = torch.cat([part.sum(0), cnt.sum().reshape(1)])
             dist.all_reduce(sums)
             part, cnt = sums[:C], sums[C:]  # every worker's tokens as one split
+    else:
+        part, cnt = running_psi2, running_psi2  # not read in eval
     sigma2, scales, count = torch.empty(C, **f32), torch.empty(2, C, **f32), torch.empty((), **f32)
-    _power_merge_kernel[(triton.cdiv(C, MERGE_COLS),)](
+    _power_merge_kernel[(cdiv(C, MERGE_COLS),)](
         part, cnt, cnt.shape[0], C, running_psi2, num_updates, sigma2, scales, count, eps, warmup,
         alpha_fwd, TRAINING=training, MERGE_COLS=MERGE_COLS, CHUNK=MERGE_CHUNK)
     y = torch.empty_like(x2)
@@ -274,7 +276,7 @@ def backward_launches(gy: torch.Tensor, x: torch.Tensor, pad_mask: Optional[torc
         part = part.sum(1, keepdim=True)
         dist.all_reduce(part[2])  # ν is every worker's; γ and β get this worker's sums
     if affine or training:
-        _power_grad_merge_kernel[(triton.cdiv(C, MERGE_COLS),)](
+        _power_grad_merge_kernel[(cdiv(C, MERGE_COLS),)](
             part, part.shape[1], C, count, nu, dw, db, AFFINE=affine, TRAINING=training,
             MERGE_COLS=MERGE_COLS, CHUNK=MERGE_CHUNK)
     return dx, dw, db

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .impl import MAX_ROW_CHANNELS, check_width
 from .triton_batch import traced
-from .triton_grid import gpu_of, resident_programs
+from .triton_grid import cdiv, next_power_of_2, resident_programs
 
 # Which norm a kernel computes (the constexpr KIND: each is compiled separately); a kernel
 # reads only globals that are tl.constexpr, the host their int values.
@@ -147,8 +147,8 @@ def _stats_dtype(x: torch.Tensor) -> torch.dtype:
 def _tile(n_rows: int, n_cols: int, per_thread: int):
     """(rows a tile, channel block, warps) for tokens of ``n_cols`` channels: ``per_thread``
     elements a thread over WARPS warps, or one token over more warps when it is wider."""
-    block_c = triton.next_power_of_2(n_cols)
-    block_r = max(1, min(triton.next_power_of_2(n_rows), per_thread * 32 * WARPS // block_c))
+    block_c = next_power_of_2(n_cols)
+    block_r = max(1, min(next_power_of_2(n_rows), per_thread * 32 * WARPS // block_c))
     return block_r, block_c, min(32, max(WARPS, block_r * block_c // (32 * per_thread)))
 
 
@@ -163,7 +163,7 @@ def forward_launches(x: torch.Tensor, param: Optional[torch.Tensor], kind: int, 
     stats = torch.empty(2 if kind <= ADANORM.value else 1, n_rows, dtype=_stats_dtype(x), device=x.device)
     if n_rows:
         block_r, block_c, warps = _tile(n_rows, n_cols, FORWARD_PER_THREAD)
-        _forward_kernel[(triton.cdiv(n_rows, block_r),)](
+        _forward_kernel[(cdiv(n_rows, block_r),)](
             x, y, x if param is None else param, stats, n_rows, n_cols, eps, k, scale,
             KIND=kind, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return y, stats
@@ -186,8 +186,7 @@ def backward_launches(gy: torch.Tensor, x: torch.Tensor, param: Optional[torch.T
     # persistent: as many programs as the GPU keeps resident, so that a parameter's partial
     # sums are programs × C, not tiles × C (Liger's RMSNorm backward does the same)
     head = (gy, x, x if param is None else param, stats, dx, stats.dtype, n_rows, n_cols, eps, k, scale)
-    programs = resident_programs(_backward_kernel, head, options, x.device) * gpu_of(x.device).multiprocessors
-    grid = (min(triton.cdiv(n_rows, block_r), programs),)
+    grid = (min(cdiv(n_rows, block_r), resident_programs(_backward_kernel, head, options, x.device)),)
     if param is None:
         partial = stats  # not written: SIMPLE and ADANORM have no parameter
     else:
