@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from normplug.norms.impl import MAX_GROUP_CHANNELS, MAX_ROW_CHANNELS
+
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,10 +80,12 @@ def test_batch_and_power_at_8192x1024_for_sm90():
     assert len({(r["registers"], r["programs"]) for r in streaming}) > 2
 
 
-WIDEST = [case("batch", 1024, 16384, "float16"), case("power", 1024, 4096, "float16", groups=1),
-          case("power", 1024, 16384, "float32", groups=4)]
-WIDEST += [case(name, 1024, 8192, dtype, **options) for dtype in ("float16", "float32")
-           for name, options in (("layer_simple", {}), ("adanorm", {}), ("rms", {}), ("scale", {}))]
+# the widest channel counts accepted: any for BatchNorm (16,384 here), MAX_GROUP_CHANNELS a
+# PowerNorm group (one group; four groups of 16,384), MAX_ROW_CHANNELS a token
+WIDEST = [case("batch", 1024, 16384, "float16"), case("power", 1024, MAX_GROUP_CHANNELS, "float16", groups=1),
+          case("power", 1024, 4 * MAX_GROUP_CHANNELS, "float32", groups=4)]
+WIDEST += [case(name, 1024, MAX_ROW_CHANNELS, dtype) for dtype in ("float16", "float32")
+           for name in ("layer_simple", "adanorm", "rms", "scale")]
 VARIANTS = [case("batch", 4096, 512, "float16", affine=False), case("batch", 4096, 512, "float16", training=False),
             case("batch", 4096, 512, "bfloat16", training=False, test_stats="batch"),
             case("batch", 4096, 512, "float32", sync=True), case("power", 4096, 512, "float16", affine=False),
@@ -93,8 +97,8 @@ VARIANTS = [case("batch", 4096, 512, "float16", affine=False), case("batch", 409
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [90, 80])
 def test_every_launch_compiles_without_spills(arch):
-    """The GPU check's sizes in every dtype, the widest channel counts accepted (16,384 for
-    BatchNorm, 4,096 a PowerNorm group, 8,192 a token) and the options that change a kernel."""
+    """The GPU check's sizes in every dtype, the widest channel counts accepted and the options
+    that change a kernel."""
     cases = [case(name, N, C, dtype) for dtype in DTYPES for N, C in SIZES
              for name in ("batch", "power", "layer_simple", "adanorm", "rms", "scale")]
     check(compile_launches(arch, cases + WIDEST + VARIANTS))

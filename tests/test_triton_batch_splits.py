@@ -132,6 +132,23 @@ def test_a_gpu_sized_batch_fills_the_gpu(name, options, count, monkeypatch):
     assert min(math.prod(grid) for _, grid in launches) >= 128, launches
 
 
+def test_eager_mode_launches_without_the_custom_ops(monkeypatch):
+    """Eager forward and backward call the launches directly: the custom ops (whose dispatch
+    costs more host time than the launches) are for torch.compile, which the test below runs."""
+    from normplug.norms import triton_token
+
+    def refuse(*args):
+        raise AssertionError("an eager call went through a custom op")
+
+    for module in (triton_batch, triton_power, triton_token):
+        monkeypatch.setattr(module, "_forward", refuse)
+        monkeypatch.setattr(module, "_backward", refuse)
+    x = torch.randn(5, 3, 24, requires_grad=True)
+    for name, options in (("batch", {}), ("power", {"groups": 4}), ("rms", {})):
+        create_norm(name, 24, impl="triton", **options)(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
 @pytest.mark.parametrize("name,options", [("batch", {"momentum": 0.3}),
                                           ("power", {"groups": 4, "warmup_updates": 2})])
 def test_compiled_fused_matches_eager_torch(name, options):

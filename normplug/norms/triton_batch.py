@@ -31,17 +31,12 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .triton_grid import cdiv, resident_programs
+from .triton_grid import cdiv, next_power_of_2, resident_programs
 
 BLOCK_C = 64  # channels of a tile: row segments of 128 bytes in 16-bit types, 256 in float32
 WARPS = 16  # a program's warps
 TILE_BYTES = 32 * WARPS * 32  # of each streamed tensor a program loads at once: 32 bytes a thread
 SPLIT_CHUNK = 16  # partials a merge loads at once (registers bounded whatever the split count)
-
-
-def tile_rows(x: torch.Tensor, channels: int) -> int:
-    """Rows of a tile of ``channels`` channels of ``x``'s dtype that hold TILE_BYTES."""
-    return max(1, TILE_BYTES // (channels * x.element_size()))
 
 
 def split_plan(kernel, args, options, n_rows: int, col_blocks: int, device: torch.device):
@@ -278,10 +273,11 @@ def _bn_grad_input_kernel(gy_ptr, x_ptr, pad_ptr, dx_ptr, part_ptr, S, gmean_ptr
         store_tile(dx_ptr, rows, cols, N, C, real, dx)
 
 
-def _options(x2, pad_mask, **flags):
-    """Constexprs and warps of the streaming kernels for N×C ``x2``."""
-    return dict(flags, HAS_PAD=pad_mask is not None, BLOCK_R=tile_rows(x2, BLOCK_C), BLOCK_C=BLOCK_C,
-                num_warps=WARPS)
+def _options(x2, N, pad_mask, **flags):
+    """Constexprs and warps of the streaming kernels for N×C ``x2``: tiles of BLOCK_C channels ×
+    the rows that hold TILE_BYTES (fewer for fewer tokens)."""
+    rows = min(TILE_BYTES // (BLOCK_C * x2.element_size()), next_power_of_2(max(N, 1)))
+    return dict(flags, HAS_PAD=pad_mask is not None, BLOCK_R=rows, BLOCK_C=BLOCK_C, num_warps=WARPS)
 
 
 def empty_grads(x, weight):
@@ -317,7 +313,7 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
     col_blocks = cdiv(C, BLOCK_C)
     f32 = dict(device=x.device, dtype=torch.float32)
     if batch_stats:
-        options = _options(x2, pad_mask)
+        options = _options(x2, N, pad_mask)
         head = (x2, pad_t, torch.float32, torch.float32, N, C, B, sb, st)
         grid, split_rows, splits = split_plan(_bn_stats_kernel, head, options, N, col_blocks, x.device)
         part, cnt = torch.empty(2, splits, C, **f32), torch.empty(splits, **f32)  # per split: mean, M2
@@ -329,7 +325,7 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
         part, cnt, splits = running_mean, running_mean, 0  # the running statistics normalise
     mean, var, count = torch.empty(C, **f32), torch.empty(C, **f32), torch.empty((), **f32)
     y = torch.empty_like(x2)
-    options = _options(x2, pad_mask, AFFINE=weight is not None, BATCH_STATS=batch_stats,
+    options = _options(x2, N, pad_mask, AFFINE=weight is not None, BATCH_STATS=batch_stats,
                        UPDATE_RUNNING=update_running, CHUNK=SPLIT_CHUNK)
     head = (x2, pad_t, y, part, cnt, splits, mean, var, count, weight, bias, running_mean,
             running_var, num_batches_tracked, N, C, B, sb, st, eps, momentum)
@@ -351,7 +347,7 @@ def backward_launches(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Opt
     affine = weight is not None
     part, splits = mean, 0  # no sums to merge
     if affine or batch_stats:
-        options = _options(x2, pad_mask)
+        options = _options(x2, N, pad_mask)
         head = (gy2, x2, pad_t, mean, var, torch.float32, N, C, B, sb, st, eps)
         grid, split_rows, splits = split_plan(_bn_grad_sums_kernel, head, options, N, col_blocks, x.device)
         part = torch.empty(2, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ
@@ -369,7 +365,7 @@ def backward_launches(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Opt
         if affine:
             db.copy_(local[0])
             dw.copy_(local[1])
-    options = _options(x2, pad_mask, AFFINE=affine, PARAM_GRADS=affine and not (sync and batch_stats),
+    options = _options(x2, N, pad_mask, AFFINE=affine, PARAM_GRADS=affine and not (sync and batch_stats),
                        BATCH_STATS=batch_stats, HAS_GMEAN=gmean is not None, HAS_GVAR=gvar is not None,
                        CHUNK=SPLIT_CHUNK)
     head = (gy2, x2, pad_t, dx, part, splits, gmean, gvar, mean, var, count, weight, dw, db,

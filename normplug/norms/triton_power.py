@@ -206,14 +206,14 @@ def _power_grad_merge_kernel(part_ptr, S, C, count_ptr, nu_ptr, dw_ptr, db_ptr,
 
 def _group_tile(x2, groups, per_thread, pad_mask, **flags):
     """(kernel options, group blocks, D) of a rows × groups × channels tile of N×C ``x2``:
-    ``per_thread`` elements a thread over WARPS warps, or whole groups (at least
-    MIN_TILE_CHANNELS channels) of one row over more warps when that is wider."""
+    ``per_thread`` elements a thread over WARPS warps (fewer rows for fewer tokens), or whole
+    groups (at least MIN_TILE_CHANNELS channels) of one row over more warps when that is wider."""
     N, C = x2.shape
     D = C // groups
     check_width("power", "triton", D, MAX_GROUP_CHANNELS, GROUP_HELD)
     db = next_power_of_2(D)
     gb = min(next_power_of_2(groups), max(1, MIN_TILE_CHANNELS // db))
-    rows = max(1, per_thread * 32 * WARPS // (gb * db))
+    rows = max(1, min(per_thread * 32 * WARPS // (gb * db), next_power_of_2(max(N, 1))))
     warps = min(32, max(WARPS, rows * gb * db // (32 * per_thread)))
     options = dict(flags, HAS_PAD=pad_mask is not None, GB=gb, DB=db, BLOCK_R=rows, num_warps=warps)
     return options, cdiv(groups, gb), D
