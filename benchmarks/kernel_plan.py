@@ -135,6 +135,9 @@ class _AotDriver:
     n_by_c = None
 
 
+_AOT_DRIVERS = {}  # one an arch: a compiled kernel keeps the launcher of the driver it was loaded by
+
+
 @contextlib.contextmanager
 def compiling_for(arch):
     """Within: Triton compiles for sm_``arch`` and records launches (yielded list) instead of
@@ -142,7 +145,8 @@ def compiling_for(arch):
     from triton.runtime import driver
 
     launches = []
-    aot = _AotDriver(arch, launches)
+    aot = _AOT_DRIVERS.setdefault(arch, _AotDriver(arch, None))
+    aot.launches = launches
     previous = driver._active  # None until a driver was asked for
     driver.set_active(aot)
     try:

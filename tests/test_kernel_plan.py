@@ -52,10 +52,17 @@ def compile_launches(arch, cases):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def check(records):
-    """No error, no spill; every streaming launch with MIN_RESIDENT_WARPS resident and at most
-    one wave of programs (a program more than the GPU holds runs after all the others)."""
-    assert records
+LAUNCHES = {"batch": 4, "power": 5}  # of a training step (2 for a per-token norm)
+
+
+def check(records, cases):
+    """Every launch of every case recorded; no error, no spill; every streaming launch with
+    MIN_RESIDENT_WARPS resident and at most one wave of programs (a program more than the GPU
+    holds runs after all the others)."""
+    for name, options, N, C, dtype, training, sync in cases:
+        count = sum(r["norm"] == name and r["options"] == options and (r["N"], r["C"], r["dtype"]) == (N, C, dtype)
+                    and (r["training"], r["sync"]) == (training, sync) for r in records)
+        assert count == (LAUNCHES.get(name, 2) if training else count) and count >= 2, (name, options, N, C)
     for r in records:
         where = f"{r['norm']} {r['options']} {r['N']}×{r['C']} {r['dtype']} sm_{r['arch']}: {r.get('kernel')}"
         assert "error" not in r, f"{where}: {r.get('error')}"
@@ -69,8 +76,9 @@ def check(records):
 
 
 def test_batch_and_power_at_8192x1024_for_sm90():
-    records = compile_launches(90, [case("batch", 8192, 1024, "float16"), case("power", 8192, 1024, "float16")])
-    check(records)
+    cases = [case("batch", 8192, 1024, "float16"), case("power", 8192, 1024, "float16")]
+    records = compile_launches(90, cases)
+    check(records, cases)
     streaming = [r for r in records if r["streams"]]
     assert [r["kernel"] for r in streaming] == [
         "_bn_stats_kernel", "_bn_apply_kernel", "_bn_grad_sums_kernel", "_bn_grad_input_kernel",
@@ -101,4 +109,5 @@ def test_every_launch_compiles_without_spills(arch):
     that change a kernel."""
     cases = [case(name, N, C, dtype) for dtype in DTYPES for N, C in SIZES
              for name in ("batch", "power", "layer_simple", "adanorm", "rms", "scale")]
-    check(compile_launches(arch, cases + WIDEST + VARIANTS))
+    cases += WIDEST + VARIANTS
+    check(compile_launches(arch, cases), cases)
