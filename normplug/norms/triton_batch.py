@@ -4,18 +4,20 @@ are tested against), and the split reductions that triton_power.py shares for Po
 ``x`` of shape T×B×C is read as N = T·B rows of C channels; row i is the token
 (t, b) = divmod(i, B), and the B×T ``pad_mask`` (True at padding) is read in place. Statistics
 and gradient sums are float32 whatever the input dtype; outputs are in the input dtype; padding
-never enters a sum and outputs 0. Every sum over tokens is split: a grid of channel blocks ×
-row splits (a few programs per multiprocessor), each program looping over the row blocks of
-its split and leaving one partial per channel; the next kernel's programs merge the partials
-of their own channels in a fixed order (no atomics, so two runs are bitwise equal). A training
-step is four launches: statistics, normalise (+ running update), gradient sums, input
-gradient. Synced statistics are all-reduced by torch between two kernels.
+never enters a sum and outputs 0: a tile is loaded within the array's bounds and its padding
+rows (whatever they hold, NaN included) are zeroed before any arithmetic, so that the load does
+not wait for the mask's. Every sum over tokens is split: a grid of channel blocks × row splits,
+each program looping over the row blocks of its split and leaving one partial per channel; the
+next kernel's programs merge the partials of their own channels in a fixed order (no atomics,
+so two runs are bitwise equal). A training step is four launches: statistics, normalise
+(+ running update), gradient sums, input gradient. Synced statistics are all-reduced by torch
+between two kernels.
 
-Each streaming launch (one that reads N×C) gets as many programs as the GPU keeps resident
-(triton_grid.py: from the compiled kernel's registers), each a tile of BLOCK_C channels × a
-16 KB row block of every tensor it streams, over 16 warps (32 bytes a thread). Few, wide
-programs keep the loads in flight while the splits stay few: every program of the next kernel
-merges all partials of its channels.
+A launch is memory-bound: its grid is one wave of the programs the GPU keeps resident
+(triton_grid.py, from the compiled kernel's registers), each a tile of BLOCK_C channels × the
+rows that hold TILE_BYTES of every tensor it streams, over 16 warps (32 bytes a thread and
+tensor in flight). Wide programs keep the splits few: every program of the next kernel merges
+all partials of its channels.
 
 The two torch.library custom ops declare the buffers they update, so that
 torch.compile(fullgraph=True) traces them and each buffer is updated once per step; an

@@ -204,11 +204,10 @@ def _power_grad_merge_kernel(part_ptr, S, C, count_ptr, nu_ptr, dw_ptr, db_ptr,
         tl.store(nu_ptr + cols, tl.load(nu_ptr + cols, mask=in_c, other=0.0) + step, mask=in_c)
 
 
-def _group_tile(x2, groups, per_thread, pad_mask, **flags):
-    """(kernel options, group blocks, D) of a rows × groups × channels tile of N×C ``x2``:
+def _group_tile(N, C, groups, per_thread, pad_mask, **flags):
+    """(kernel options, group blocks, D) of a rows × groups × channels tile of N rows of C:
     ``per_thread`` elements a thread over WARPS warps (fewer rows for fewer tokens), or whole
     groups (at least MIN_TILE_CHANNELS channels) of one row over more warps when that is wider."""
-    N, C = x2.shape
     D = C // groups
     check_width("power", "triton", D, MAX_GROUP_CHANNELS, GROUP_HELD)
     db = next_power_of_2(D)
@@ -227,11 +226,11 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
     1/sqrt(· + ε) per channel (2×C), the number of real tokens (0 in eval)."""
     T, B, C = x.shape
     N = T * B
-    x2 = x.contiguous().view(N, C)
+    x2 = x.contiguous()  # read as N×C
     pad_t, sb, st = pad_args(pad_mask, x2)
     f32 = dict(device=x.device, dtype=torch.float32)
     if training:
-        options, blocks, D = _group_tile(x2, groups, 16, pad_mask)
+        options, blocks, D = _group_tile(N, C, groups, 16, pad_mask)
         head = (x2, pad_t, torch.float32, torch.float32, N, C, B, sb, st, groups, D, group_eps)
         grid, split_rows, splits = split_plan(_power_stats_kernel, head, options, N, blocks, x.device)
         part, cnt = torch.empty(splits, C, **f32), torch.empty(splits, **f32)
@@ -239,19 +238,19 @@ def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: 
         if sync:
             sums = torch.cat([part.sum(0), cnt.sum().reshape(1)])
             dist.all_reduce(sums)
-            part, cnt = sums[:C], sums[C:]  # every worker's tokens as one split
+            part, cnt, splits = sums[:C], sums[C:], 1  # every worker's tokens as one split
     else:
-        part, cnt = running_psi2, running_psi2  # not read in eval
+        part, cnt, splits = running_psi2, running_psi2, 0  # no batch statistics in eval
     sigma2, scales, count = torch.empty(C, **f32), torch.empty(2, C, **f32), torch.empty((), **f32)
     _power_merge_kernel[(cdiv(C, MERGE_COLS),)](
-        part, cnt, cnt.shape[0], C, running_psi2, num_updates, sigma2, scales, count, eps, warmup,
+        part, cnt, splits, C, running_psi2, num_updates, sigma2, scales, count, eps, warmup,
         alpha_fwd, TRAINING=training, MERGE_COLS=MERGE_COLS, CHUNK=MERGE_CHUNK)
     y = torch.empty_like(x2)
-    options, blocks, D = _group_tile(x2, groups, 16, pad_mask, AFFINE=weight is not None)
+    options, blocks, D = _group_tile(N, C, groups, 16, pad_mask, AFFINE=weight is not None)
     head = (x2, pad_t, y, scales, weight, bias, N, C, B, sb, st, groups, D, group_eps)
     grid, split_rows, _ = split_plan(_power_apply_kernel, head, options, N, blocks, x.device)
     _power_apply_kernel[grid](*head, split_rows, **options)
-    return y.view(T, B, C), sigma2, scales, count
+    return y, sigma2, scales, count
 
 
 def backward_launches(gy: torch.Tensor, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
@@ -261,17 +260,17 @@ def backward_launches(gy: torch.Tensor, x: torch.Tensor, pad_mask: Optional[torc
     """(∂L/∂x, ∂L/∂γ, ∂L/∂β) (empty γ, β grads without affine); in training ν takes its step."""
     T, B, C = x.shape
     N = T * B
-    x2, gy2 = x.contiguous().view(N, C), gy.contiguous().view(N, C)
+    x2, gy2 = x.contiguous(), gy.contiguous()  # read as N×C
     pad_t, sb, st = pad_args(pad_mask, x2)
     affine = weight is not None
     dx, dw, db = empty_grads(x, weight)
     # half the forward's tile: a thread holds three sums and four per-channel factors an element
-    options, blocks, D = _group_tile(x2, groups, 8, pad_mask, AFFINE=affine, TRAINING=training)
-    head = (gy2, x2, pad_t, dx, scales, nu, weight, torch.float32, N, C, B, sb, st, groups, D, nu_scale,
-            group_eps)
-    grid, split_rows, splits = split_plan(_power_grad_kernel, head, options, N, blocks, x.device)
+    options, blocks, D = _group_tile(N, C, groups, 8, pad_mask, AFFINE=affine, TRAINING=training)
+    head, tail = (gy2, x2, pad_t, dx, scales, nu, weight), (N, C, B, sb, st, groups, D, nu_scale, group_eps)
+    grid, split_rows, splits = split_plan(_power_grad_kernel, (*head, torch.float32, *tail), options, N, blocks,
+                                          x.device)
     part = torch.empty(3, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ, ν's sum
-    _power_grad_kernel[grid](*head[:7], part, *head[8:], split_rows, **options)
+    _power_grad_kernel[grid](*head, part, *tail, split_rows, **options)
     if training and sync:
         part = part.sum(1, keepdim=True)
         dist.all_reduce(part[2])  # ν is every worker's; γ and β get this worker's sums
