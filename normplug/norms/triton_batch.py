@@ -47,7 +47,8 @@ def split_plan(kernel, args, options, n_rows: int, col_blocks: int, device: torc
     reducing a whole number of BLOCK_R row blocks. ``args`` are the launch's arguments before
     its rows per split (a dtype stands for an output not yet allocated)."""
     block_r = options["BLOCK_R"]
-    programs = resident_programs(kernel, (*args, block_r), options, device)
+    # any multiple of BLOCK_R stands for the rows per split, but 1 (Triton would make it a constant)
+    programs = resident_programs(kernel, (*args, 2 * block_r), options, device)
     # one wave: a program more than the GPU holds would run after the others
     splits = max(1, min(programs // col_blocks, cdiv(n_rows, block_r)))
     rows = cdiv(cdiv(n_rows, splits), block_r) * block_r

@@ -185,13 +185,14 @@ def backward_launches(gy: torch.Tensor, x: torch.Tensor, param: Optional[torch.T
                    num_warps=warps)
     # persistent: as many programs as the GPU keeps resident, so that a parameter's partial
     # sums are programs × C, not tiles × C (Liger's RMSNorm backward does the same)
-    head = (gy, x, x if param is None else param, stats, dx, stats.dtype, n_rows, n_cols, eps, k, scale)
-    grid = (min(cdiv(n_rows, block_r), resident_programs(_backward_kernel, head, options, x.device)),)
+    head, tail = (gy, x, x if param is None else param, stats, dx), (n_rows, n_cols, eps, k, scale)
+    resident = resident_programs(_backward_kernel, (*head, stats.dtype, *tail), options, x.device)
+    grid = (min(cdiv(n_rows, block_r), resident),)
     if param is None:
         partial = stats  # not written: SIMPLE and ADANORM have no parameter
     else:
         partial = stats.new_empty((grid[0], n_cols) if kind == RMS.value else (grid[0],))
-    _backward_kernel[grid](*head[:5], partial, *head[6:], **options)
+    _backward_kernel[grid](*head, partial, *tail, **options)
     if param is None:
         return dx, x.new_empty(0)
     return dx, partial.sum(0).reshape(param.shape).to(param.dtype)
