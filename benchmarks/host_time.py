@@ -20,8 +20,10 @@ the median over rounds of the time a step, and its ratio to nn.LayerNorm's.
 """
 import argparse
 import contextlib
+import os
 import random
 import statistics
+import sys
 import time
 from unittest import mock
 
@@ -105,6 +107,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET"):
+        sys.exit("host_time.py compiles kernels for its launcher rows: run it without TRITON_INTERPRET")
     torch.set_num_threads(1)
     rows = candidates()
     for _, context, step in rows:  # warm-up: compiles the kernels, fills the plans' caches

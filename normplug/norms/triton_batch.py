@@ -51,7 +51,7 @@ def split_plan(kernel, args, options, n_rows: int, col_blocks: int, device: torc
     programs = resident_programs(kernel, (*args, 2 * block_r), options, device)
     # one wave: a program more than the GPU holds would run after the others
     splits = max(1, min(programs // col_blocks, cdiv(n_rows, block_r)))
-    rows = cdiv(cdiv(n_rows, splits), block_r) * block_r
+    rows = max(block_r, cdiv(cdiv(n_rows, splits), block_r) * block_r)
     splits = max(1, cdiv(n_rows, rows))
     return (col_blocks, splits), rows, splits
 
