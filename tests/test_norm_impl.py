@@ -22,6 +22,7 @@ def test_auto_runs_triton_only_for_gpu_verified_norms_on_cuda(verified, monkeypa
     monkeypatch.setattr(impl, "triton_available", lambda: True)
     for name in FUSED:
         assert impl.use_triton("auto", CUDA, name) == (name in verified), name
+        assert not impl.use_triton("auto", CUDA, name, fits=False)  # wider than the kernels hold
         assert not impl.use_triton("auto", CPU, name)
         assert not impl.use_triton("torch", CUDA, name)
         assert impl.use_triton("triton", CUDA, name)
@@ -30,11 +31,12 @@ def test_auto_runs_triton_only_for_gpu_verified_norms_on_cuda(verified, monkeypa
 
 
 def test_each_norm_asks_for_itself(monkeypatch):
-    """The modules pass their own registry name, the key of GPU_VERIFIED."""
+    """The modules pass their own registry name, the key of GPU_VERIFIED, and whether a token
+    fits the kernels' registers."""
     asked = []
 
-    def record(choice, x, name):
-        asked.append((choice, name))
+    def record(choice, x, name, fits):
+        asked.append((choice, name, fits))
         return False
 
     monkeypatch.setattr(per_token, "use_triton", record)
@@ -42,7 +44,9 @@ def test_each_norm_asks_for_itself(monkeypatch):
     for name in FUSED:
         if name not in ("batch", "power"):
             create_norm(name, 8)(x)
-    assert asked == [("auto", name) for name in FUSED if name not in ("batch", "power")]
+    assert asked == [("auto", name, True) for name in FUSED if name not in ("batch", "power")]
+    create_norm("layer_simple", 8)(torch.randn(1, 1, impl.MAX_ROW_CHANNELS + 1))
+    assert asked[-1] == ("auto", "layer_simple", False)
 
 
 @pytest.mark.parametrize("setting", [None, "0", "false"])

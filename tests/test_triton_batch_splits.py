@@ -19,7 +19,7 @@ from test_triton_batch import twins  # noqa: E402
 
 
 def batch_of(T, B, C, seed, padding="some"):
-    """x (non-contiguous, NaN at padding), a B×T padding mask and the upstream gradient;
+    """x (non-contiguous), a B×T padding mask and the upstream gradient, both NaN at padding;
     ``padding``: "some" (random lengths, an empty and a full sentence), "none" (mask None), "all"."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, T + 1, (B,), generator=g)
@@ -27,22 +27,25 @@ def batch_of(T, B, C, seed, padding="some"):
     lengths = {"some": lengths, "none": torch.full((B,), T), "all": torch.zeros(B)}[padding]
     pad = torch.arange(T)[None, :] >= lengths[:, None]
     x = (torch.randn(B, T, C, generator=g) * 2 + 0.5).transpose(0, 1)
-    x[pad.t()] = float("nan")  # padding is never read: a NaN there would reach every output
-    return x, None if padding == "none" else pad, torch.randn(T, B, C, generator=g)
+    up = torch.randn(T, B, C, generator=g)
+    # whatever padding holds never enters a sum: a NaN there would reach every output
+    x[pad.t()] = up[pad.t()] = float("nan")
+    return x, None if padding == "none" else pad, up
 
 
 def train_step(norm, x, pad, up, penalty):
     """Output, input gradient, batch statistics, parameter gradients and buffers after one
-    training step of Σ y·up (+ the RBN penalty's two terms)."""
+    training step with upstream gradient ``up`` (+ the RBN penalty's two terms)."""
     norm.zero_grad(set_to_none=True)
     x = x.detach().clone().requires_grad_(True)
     y = norm(x, pad_mask=pad)
     stats = [s.detach().clone() for s in norm._batch_stats if s is not None]
-    loss = (y * up).sum()
+    outputs, grads = [y], [up]
     if penalty:
         d = norm.discrepancy()
-        loss = loss + 3.0 * d.rbn_mean + 2.0 * d.rbn_var
-    loss.backward()
+        outputs.append(3.0 * d.rbn_mean + 2.0 * d.rbn_var)
+        grads.append(torch.ones(()))
+    torch.autograd.backward(outputs, grads)
     return ([y.detach(), x.grad] + stats + [p.grad for p in norm.parameters()]
             + [b.clone() for b in norm.buffers()])
 
@@ -64,16 +67,26 @@ def assert_steps_match(ref, fused, steps, penalty, first=0):
             assert all((p.grad == 0).all() for p in fused.parameters())
 
 
-# (T, B) of the step where several splits merge, of the other steps: one split-sized step, where
-# every kernel merges 3 splits of up to 4 row blocks (fast tier) or 33/65 splits in chunks (slow)
-SIZES = [pytest.param((26, 10), (3, 2), id="N=260"),
-         pytest.param((410, 10), (3, 2), id="N=4100", marks=pytest.mark.slow)]
+# (T, B) of the step where several splits merge, of the other steps, and the programs a launch
+# gets (absent: as planned for a nominal H100): at 260 tokens BatchNorm's 3 splits and
+# PowerNorm's 2, whose programs loop over 2 row blocks (fast tier); at 4,100 tokens 65 splits
+# (BatchNorm, merged 16 at a time) or 33 (PowerNorm, its merges' chunks cut to 16), of one row
+# block each (slow tier)
+SIZES = [pytest.param((26, 10), (3, 2), {"batch": 6, "power": 2}, id="N=260"),
+         pytest.param((410, 10), (3, 2), {}, id="N=4100", marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("shape,other", SIZES)
-def test_batch_matches_torch_across_splits(shape, other):
-    # C = 70: two channel blocks, the second partly masked; N = 4100: 33 splits, merged 16 at a
-    # time; then a batch of padding moves nothing
+def plan_programs(monkeypatch, name, programs):
+    """Launches of ``programs[name]`` programs when given; PowerNorm's merges in chunks of 16."""
+    if name in programs:
+        monkeypatch.setattr(triton_batch, "resident_programs", lambda *args: programs[name])
+    monkeypatch.setattr(triton_power, "MERGE_CHUNK", 16)
+
+
+@pytest.mark.parametrize("shape,other,programs", SIZES)
+def test_batch_matches_torch_across_splits(shape, other, programs, monkeypatch):
+    # C = 70: two channel blocks, the second partly masked; then a batch of padding moves nothing
+    plan_programs(monkeypatch, "batch", programs)
     ref, fused = twins("batch", 70, momentum=0.3)
     assert_steps_match(ref, fused, [batch_of(*shape, 70, 0), batch_of(*other, 70, 1)], penalty=True)
     assert fused.num_batches_tracked.item() == 2
@@ -82,11 +95,12 @@ def test_batch_matches_torch_across_splits(shape, other):
     assert all(torch.equal(a, b) for a, b in zip(fused.buffers(), trained))
 
 
-@pytest.mark.parametrize("shape,other", SIZES)
-def test_power_matches_torch_across_splits(shape, other):
+@pytest.mark.parametrize("shape,other,programs", SIZES)
+def test_power_matches_torch_across_splits(shape, other, programs, monkeypatch):
     # steps t = 1 (6 tokens, no padding mask), 2 in the warm-up (σ²_B; the cumulative ψ² step at
     # t = 1), t = 3 after it (ψ²), then a batch of padding; 5 groups of 6 or 14 channels padded
-    # to 8 or 16 and 3 padded groups; N = 4100: 65 splits (two merge chunks)
+    # to 8 or 16 and 3 padded groups
+    plan_programs(monkeypatch, "power", programs)
     C = 30 if shape == (26, 10) else 70
     ref, fused = twins("power", C, groups=5, warmup_updates=2)
     steps = [batch_of(3, 2, C, 0, padding="none"), batch_of(*shape, C, 1), batch_of(*other, C, 2)]
@@ -127,6 +141,23 @@ def test_a_gpu_sized_batch_fills_the_gpu(name, options, count, monkeypatch):
     loss.backward()
     assert len(launches) == count <= 8, launches
     assert min(math.prod(grid) for _, grid in launches) >= 128, launches
+
+
+def test_eager_mode_launches_without_the_custom_ops(monkeypatch):
+    """Eager forward and backward call the launches directly: the custom ops (whose dispatch
+    costs more host time than the launches) are for torch.compile, which the test below runs."""
+    from normplug.norms import triton_token
+
+    def refuse(*args):
+        raise AssertionError("an eager call went through a custom op")
+
+    for module in (triton_batch, triton_power, triton_token):
+        monkeypatch.setattr(module, "_forward", refuse)
+        monkeypatch.setattr(module, "_backward", refuse)
+    x = torch.randn(5, 3, 24, requires_grad=True)
+    for name, options in (("batch", {}), ("power", {"groups": 4}), ("rms", {})):
+        create_norm(name, 24, impl="triton", **options)(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
 
 
 @pytest.mark.parametrize("name,options", [("batch", {"momentum": 0.3}),

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .impl import check_impl, use_triton
+from .impl import MAX_ROW_CHANNELS, check_impl, check_width, use_triton
 from .registry import check_choice, check_option, register_norm
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -23,6 +23,18 @@ def upcast(x: torch.Tensor) -> torch.Tensor:
 def _check_eps(norm, eps):
     check_option(norm, "eps", eps, "a positive finite number", lambda v: v > 0)
     return float(eps)
+
+
+def _check_impl(norm, impl, dim):
+    """``impl`` checked, and with impl="triton" a token within the kernels' registers."""
+    impl = check_impl(norm, impl)
+    check_width(norm, impl, dim, MAX_ROW_CHANNELS, "a token (dim)")
+    return impl
+
+
+def _fused_here(module, x):
+    """Whether ``module`` runs its fused kernels on ``x`` (impl.use_triton)."""
+    return use_triton(module.impl, x, module.norm_name, fits=x.shape[-1] <= MAX_ROW_CHANNELS)
 
 
 def fused(x, norm, eps, **options):
@@ -67,14 +79,14 @@ class LayerNormSimple(nn.Module):
         super().__init__()
         _check_channels("layer_simple", dim)
         self.eps = _check_eps("layer_simple", eps)
-        self.impl = check_impl("layer_simple", impl)
+        self.impl = _check_impl("layer_simple", impl, dim)
 
     def extra_repr(self):
         return f"eps={self.eps}"
 
     def forward(self, x, pad_mask=None):
         # y = (x − μ) / (s + ε), s the unbiased std, as in the released code
-        if use_triton(self.impl, x, self.norm_name):
+        if _fused_here(self, x):
             return fused(x, "layer_simple", self.eps)
         h = upcast(x)
         y = (h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + self.eps)
@@ -91,14 +103,14 @@ class DetachNorm(nn.Module):
         check_choice("detach", "detach", detach, ("mean", "std", "both"))
         self.detach = detach
         self.eps = _check_eps("detach", eps)
-        self.impl = check_impl("detach", impl)
+        self.impl = _check_impl("detach", impl, dim)
 
     def extra_repr(self):
         return f"detach={self.detach!r}, eps={self.eps}"
 
     def forward(self, x, pad_mask=None):
         # y = (x − sg(μ)) / (sg(s) + ε): the detached statistics are constants in backward
-        if use_triton(self.impl, x, self.norm_name):
+        if _fused_here(self, x):
             return fused(x, "detach", self.eps, mean_grad=self.detach == "std", std_grad=self.detach == "mean")
         h = upcast(x)
         mean, std = h.mean(-1, keepdim=True), h.std(-1, keepdim=True)
@@ -120,14 +132,14 @@ class AdaNorm(nn.Module):
         check_option("adanorm", "scale", scale, "a finite number > 0 (C)", lambda v: v > 0)
         self.k, self.scale = float(k), float(scale)
         self.eps = _check_eps("adanorm", eps)
-        self.impl = check_impl("adanorm", impl)
+        self.impl = _check_impl("adanorm", impl, dim)
 
     def extra_repr(self):
         return f"k={self.k}, scale={self.scale}, eps={self.eps}"
 
     def forward(self, x, pad_mask=None):
         # z = C·(1 − k·sg(y)) ⊙ y with y the LayerNorm-simple output: only the factor is detached
-        if use_triton(self.impl, x, self.norm_name):
+        if _fused_here(self, x):
             return fused(x, "adanorm", self.eps, k=self.k, scale=self.scale)
         h = upcast(x)
         y = (h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + self.eps)
@@ -141,7 +153,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim, *, eps=1e-8, impl="auto"):
         super().__init__()
         self.eps = _check_eps("rms", eps)
-        self.impl = check_impl("rms", impl)
+        self.impl = _check_impl("rms", impl, dim)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def extra_repr(self):
@@ -149,7 +161,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x, pad_mask=None):
         # y = g ⊙ x / sqrt(mean(x²) + ε)
-        if use_triton(self.impl, x, self.norm_name):
+        if _fused_here(self, x):
             return fused(x, "rms", self.eps, param=self.weight)
         h = upcast(x)
         return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
@@ -162,7 +174,7 @@ class ScaleNorm(nn.Module):
     def __init__(self, dim, *, eps=1e-5, impl="auto"):
         super().__init__()
         self.eps = _check_eps("scale", eps)
-        self.impl = check_impl("scale", impl)
+        self.impl = _check_impl("scale", impl, dim)
         self.g = nn.Parameter(torch.tensor(math.sqrt(dim)))
 
     def extra_repr(self):
@@ -170,7 +182,7 @@ class ScaleNorm(nn.Module):
 
     def forward(self, x, pad_mask=None):
         # y = g · x / max(‖x‖₂, ε), one scalar g per layer
-        if use_triton(self.impl, x, self.norm_name):
+        if _fused_here(self, x):
             return fused(x, "scale", self.eps, param=self.g)
         h = upcast(x)
         norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp(min=self.eps)

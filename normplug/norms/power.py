@@ -3,11 +3,12 @@ import torch
 import torch.nn as nn
 
 from .base import BatchStatNorm, check_pad_mask, masked_sum, real_count, real_tokens
-from .impl import check_impl, use_triton
+from .impl import MAX_GROUP_CHANNELS, check_impl, check_width, use_triton
 from .per_token import upcast
 from .registry import NormConfigError, check_choice, check_option, register_norm
 
 GROUP_EPS = 1e-5  # ε of the group scaling, fixed in the release
+GROUP_HELD = "a group of channels (dim / groups)"  # what the fused kernels hold in registers
 
 
 class _ApproximateBackward(torch.autograd.Function):
@@ -62,6 +63,7 @@ class PowerNorm(BatchStatNorm):
         self.alpha_fwd, self.alpha_bkw = float(alpha_fwd), float(alpha_bkw)
         self.affine, self.sync_stats = affine, sync_stats
         self.impl = check_impl("power", impl)
+        check_width("power", self.impl, dim // groups, MAX_GROUP_CHANNELS, GROUP_HELD)
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
         self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
         self.register_buffer("running_psi2", torch.ones(dim))  # ψ²
@@ -93,7 +95,7 @@ class PowerNorm(BatchStatNorm):
         return (g * torch.rsqrt(g.square().mean(-1, keepdim=True) + GROUP_EPS)).reshape(T, B, C)
 
     def forward(self, x, pad_mask=None):
-        if use_triton(self.impl, x, self.norm_name):
+        if use_triton(self.impl, x, self.norm_name, fits=x.shape[-1] // self.groups <= MAX_GROUP_CHANNELS):
             return self._forward_fused(x, pad_mask)
         real = real_tokens(x, pad_mask)
         z = self._group_scale(torch.where(real, upcast(x), 0))  # 0 at padding

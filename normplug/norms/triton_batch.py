@@ -4,17 +4,27 @@ are tested against), and the split reductions that triton_power.py shares for Po
 ``x`` of shape T×B×C is read as N = T·B rows of C channels; row i is the token
 (t, b) = divmod(i, B), and the B×T ``pad_mask`` (True at padding) is read in place. Statistics
 and gradient sums are float32 whatever the input dtype; outputs are in the input dtype; padding
-never enters a sum and outputs 0. Every sum over tokens is split: a grid of channel blocks ×
-row splits (a few programs per multiprocessor), each program looping over the row blocks of
-its split and leaving one partial per channel; the next kernel's programs merge the partials
-of their own channels in a fixed order (no atomics, so two runs are bitwise equal). A training
-step is four launches: statistics, normalise (+ running update), gradient sums, input
-gradient. Synced statistics are all-reduced by torch between two kernels.
+never enters a sum and outputs 0: a tile is loaded within the array's bounds and its padding
+rows (whatever they hold, NaN included) are zeroed before any arithmetic, so that the load does
+not wait for the mask's. Every sum over tokens is split: a grid of channel blocks × row splits,
+each program looping over the row blocks of its split and leaving one partial per channel; the
+next kernel's programs merge the partials of their own channels in a fixed order (no atomics,
+so two runs are bitwise equal). A training step is four launches: statistics, normalise
+(+ running update), gradient sums, input gradient. Synced statistics are all-reduced by torch
+between two kernels.
 
-The kernels run inside two torch.library custom ops that declare the buffers they update, called
-from an autograd.Function (torch refuses an autograd formula on an op that mutates), so that
-torch.compile(fullgraph=True) traces them and each buffer is updated once per step. This module
-imports triton: batch.py imports it only when a norm runs with impl="triton".
+A launch is memory-bound: its grid is one wave of the programs the GPU keeps resident
+(triton_grid.py, from the compiled kernel's registers), each a tile of BLOCK_C channels × the
+rows that hold TILE_BYTES of every tensor it streams, over 16 warps (32 bytes a thread and
+tensor in flight). Wide programs keep the splits few: every program of the next kernel merges
+all partials of its channels.
+
+The two torch.library custom ops declare the buffers they update, so that
+torch.compile(fullgraph=True) traces them and each buffer is updated once per step; an
+autograd.Function (torch refuses an autograd formula on an op that mutates) calls the ops where
+torch.compile traces and their Python bodies, which launch the kernels, in eager mode (a custom
+op's dispatch costs more host time than the launches). This module imports triton: batch.py
+imports it only when a norm runs with impl="triton".
 """
 from typing import Optional, Tuple
 
@@ -23,21 +33,27 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .triton_grid import multiprocessor_count
+from .triton_grid import cdiv, next_power_of_2, resident_programs
 
-BLOCK_R, BLOCK_C = 32, 64  # a program's tile: 64 channels (a coalesced row segment) × 32 rows
-PROGRAMS_PER_SM = 2  # programs of a split reduction per multiprocessor
-MIN_SPLIT_BLOCKS = 4  # row blocks per split at least, so that merging costs less than reducing
+BLOCK_C = 64  # channels of a tile: row segments of 128 bytes in 16-bit types, 256 in float32
+WARPS = 16  # a program's warps
+TILE_BYTES = 32 * WARPS * 32  # of each streamed tensor a program loads at once: 32 bytes a thread
 SPLIT_CHUNK = 16  # partials a merge loads at once (registers bounded whatever the split count)
 
 
-def split_plan(n_rows: int, block_r: int, col_blocks: int, device: torch.device) -> Tuple[int, int]:
-    """(rows per split, splits) of a reduction over ``n_rows`` rows on a grid of ``col_blocks`` ×
-    splits: PROGRAMS_PER_SM programs per multiprocessor, each at least MIN_SPLIT_BLOCKS row blocks."""
-    wanted = triton.cdiv(PROGRAMS_PER_SM * multiprocessor_count(device), col_blocks)
-    splits = max(1, min(wanted, triton.cdiv(n_rows, MIN_SPLIT_BLOCKS * block_r)))
-    rows = max(block_r, triton.cdiv(triton.cdiv(n_rows, splits), block_r) * block_r)
-    return rows, max(1, triton.cdiv(n_rows, rows))
+def split_plan(kernel, args, options, n_rows: int, col_blocks: int, device: torch.device):
+    """(grid, rows per split, splits) of a launch of ``kernel`` that reduces ``n_rows`` rows in
+    ``col_blocks`` column blocks × splits: as many programs as the GPU keeps resident, each
+    reducing a whole number of BLOCK_R row blocks. ``args`` are the launch's arguments before
+    its rows per split (a dtype stands for an output not yet allocated)."""
+    block_r = options["BLOCK_R"]
+    # any multiple of BLOCK_R stands for the rows per split, but 1 (Triton would make it a constant)
+    programs = resident_programs(kernel, (*args, 2 * block_r), options, device)
+    # one wave: a program more than the GPU holds would run after the others
+    splits = max(1, min(programs // col_blocks, cdiv(n_rows, block_r)))
+    rows = max(block_r, cdiv(cdiv(n_rows, splits), block_r) * block_r)
+    splits = max(1, cdiv(n_rows, rows))
+    return (col_blocks, splits), rows, splits
 
 
 def pad_args(pad_mask: Optional[torch.Tensor], x: torch.Tensor):
@@ -56,6 +72,25 @@ def real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD: tl.constexpr):
         pad = tl.load(pad_ptr + (rows % B) * pad_sb + (rows // B) * pad_st, mask=real, other=1)
         real = real & (pad == 0)
     return real
+
+
+@triton.jit
+def load_tile(ptr, rows, cols, N, C, real):
+    """The float32 tile ``rows`` × ``cols`` of an N×C array, 0 at rows that are not ``real``.
+    The load is masked by the array's bounds only, so that it does not wait for the padding
+    mask (both loads are in flight together), and whatever padding holds, NaN included, becomes
+    0 before any arithmetic."""
+    inside = (rows < N)[:, None] & (cols < C)[None, :]
+    x = tl.load(ptr + rows[:, None].to(tl.int64) * C + cols[None, :], mask=inside, other=0.0)
+    return tl.where(real[:, None], x.to(tl.float32), 0.0)
+
+
+@triton.jit
+def store_tile(ptr, rows, cols, N, C, real, value):
+    """Store the tile ``value`` at ``rows`` × ``cols`` of an N×C array, 0 at rows not ``real``."""
+    inside = (rows < N)[:, None] & (cols < C)[None, :]
+    tl.store(ptr + rows[:, None].to(tl.int64) * C + cols[None, :],
+             tl.where(real[:, None], value, 0.0).to(ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -95,8 +130,7 @@ def _bn_stats_kernel(x_ptr, pad_ptr, part_ptr, cnt_ptr, N, C, B, pad_sb, pad_st,
     for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * C + cols[None, :],
-                    mask=real[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+        x = load_tile(x_ptr, rows, cols, N, C, real)
         n += real.to(tl.float32)
         delta = tl.where(real[:, None], x - mean, 0.0)
         mean += delta * (1.0 / tl.maximum(n, 1.0))[:, None]  # one division a lane, not an element
@@ -111,7 +145,7 @@ def _bn_stats_kernel(x_ptr, pad_ptr, part_ptr, cnt_ptr, N, C, B, pad_sb, pad_st,
 @triton.jit
 def _bn_apply_kernel(x_ptr, pad_ptr, y_ptr, part_ptr, cnt_ptr, S, mean_ptr, var_ptr, count_ptr,
                      w_ptr, b_ptr, run_mean_ptr, run_var_ptr, tracked_ptr, N, C, B, pad_sb, pad_st,
-                     split_rows, eps, momentum, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
+                     eps, momentum, split_rows, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
                      BATCH_STATS: tl.constexpr, UPDATE_RUNNING: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK: tl.constexpr):
     # merge the S splits' moments of these channels (or read the running ones), then
@@ -166,18 +200,16 @@ def _bn_apply_kernel(x_ptr, pad_ptr, y_ptr, part_ptr, cnt_ptr, S, mean_ptr, var_
     start = split * split_rows
     for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None] & in_c[None, :]
-        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
-        y = (tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32) - mean[None, :]) * r[None, :]
+        real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
+        y = (load_tile(x_ptr, rows, cols, N, C, real) - mean[None, :]) * r[None, :]
         if AFFINE:
             y = y * w[None, :] + b[None, :]
-        tl.store(y_ptr + offs, tl.where(ok, y, 0.0).to(y_ptr.dtype.element_ty),
-                 mask=(rows < N)[:, None] & in_c[None, :])
+        store_tile(y_ptr, rows, cols, N, C, real, y)
 
 
 @triton.jit
 def _bn_grad_sums_kernel(gy_ptr, x_ptr, pad_ptr, mean_ptr, var_ptr, part_ptr, N, C, B, pad_sb,
-                         pad_st, split_rows, eps, HAS_PAD: tl.constexpr,
+                         pad_st, eps, split_rows, HAS_PAD: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     # one split's Σ m·gy (dβ) and Σ m·gy·x̂ (dγ) per channel, summed per lane, reduced once
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -189,12 +221,11 @@ def _bn_grad_sums_kernel(gy_ptr, x_ptr, pad_ptr, mean_ptr, var_ptr, part_ptr, N,
     start = split * split_rows
     for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None] & in_c[None, :]
-        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
-        gy = tl.load(gy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
+        gy = load_tile(gy_ptr, rows, cols, N, C, real)
+        x = load_tile(x_ptr, rows, cols, N, C, real)
         db += gy
-        dw += gy * (x - mean[None, :])  # gy is 0 wherever x is masked
+        dw += gy * (x - mean[None, :])  # gy is 0 at padding
     r = tl.rsqrt(tl.load(var_ptr + cols, mask=in_c, other=1.0) + eps)
     tl.store(part_ptr + split * C + cols, tl.sum(db, 0), mask=in_c)
     tl.store(part_ptr + (tl.num_programs(1) + split) * C + cols, tl.sum(dw, 0) * r, mask=in_c)
@@ -203,7 +234,7 @@ def _bn_grad_sums_kernel(gy_ptr, x_ptr, pad_ptr, mean_ptr, var_ptr, part_ptr, N,
 @triton.jit
 def _bn_grad_input_kernel(gy_ptr, x_ptr, pad_ptr, dx_ptr, part_ptr, S, gmean_ptr, gvar_ptr,
                           mean_ptr, var_ptr, count_ptr, w_ptr, dw_ptr, db_ptr, N, C, B, pad_sb,
-                          pad_st, split_rows, eps, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
+                          pad_st, eps, split_rows, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
                           PARAM_GRADS: tl.constexpr, BATCH_STATS: tl.constexpr,
                           HAS_GMEAN: tl.constexpr, HAS_GVAR: tl.constexpr,
                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK: tl.constexpr):
@@ -237,22 +268,19 @@ def _bn_grad_input_kernel(gy_ptr, x_ptr, pad_ptr, dx_ptr, part_ptr, S, gmean_ptr
     start = split * split_rows
     for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None] & in_c[None, :]
-        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
-        dx = tl.load(gy_ptr + offs, mask=ok, other=0.0).to(tl.float32) * w[None, :] * r[None, :]
+        real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
+        dx = load_tile(gy_ptr, rows, cols, N, C, real) * w[None, :] * r[None, :]
         if BATCH_STATS:
-            x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+            x = load_tile(x_ptr, rows, cols, N, C, real)
             dx += (gmu[None, :] + 2.0 * gsig[None, :] * (x - mean[None, :])) * inv_n
-        tl.store(dx_ptr + offs, tl.where(ok, dx, 0.0).to(dx_ptr.dtype.element_ty),
-                 mask=(rows < N)[:, None] & in_c[None, :])
+        store_tile(dx_ptr, rows, cols, N, C, real, dx)
 
 
-def _grid(x2):
-    """(grid, rows per split, splits) of the channel blocks × row splits of an N×C input."""
-    N, C = x2.shape
-    col_blocks = triton.cdiv(C, BLOCK_C)
-    split_rows, splits = split_plan(N, BLOCK_R, col_blocks, x2.device)
-    return (col_blocks, splits), split_rows, splits
+def _options(x2, N, pad_mask, **flags):
+    """Constexprs and warps of the streaming kernels for N×C ``x2``: tiles of BLOCK_C channels ×
+    the rows that hold TILE_BYTES (fewer for fewer tokens)."""
+    rows = min(TILE_BYTES // (BLOCK_C * x2.element_size()), next_power_of_2(max(N, 1)))
+    return dict(flags, HAS_PAD=pad_mask is not None, BLOCK_R=rows, BLOCK_C=BLOCK_C, num_warps=WARPS)
 
 
 def empty_grads(x, weight):
@@ -274,36 +302,85 @@ def _synced_moments(part, cnt):
     return torch.stack([mean, m2])[:, None], count
 
 
-@torch.library.custom_op("normplug::batch_norm_forward",
-                         mutates_args=("running_mean", "running_var", "num_batches_tracked"))
-def _forward(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
-             bias: Optional[torch.Tensor], running_mean: torch.Tensor, running_var: torch.Tensor,
-             num_batches_tracked: torch.Tensor, eps: float, momentum: float, batch_stats: bool,
-             update_running: bool, sync: bool
-             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                     bias: Optional[torch.Tensor], running_mean: torch.Tensor, running_var: torch.Tensor,
+                     num_batches_tracked: torch.Tensor, eps: float, momentum: float, batch_stats: bool,
+                     update_running: bool, sync: bool
+                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, μ, σ², n): the statistics that normalised x (the batch's, or the running ones) and the
     number of real tokens (0 without batch statistics)."""
     T, B, C = x.shape
-    x2 = x.contiguous().view(T * B, C)
+    N = T * B
+    x2 = x.contiguous()  # read as N×C
     pad_t, sb, st = pad_args(pad_mask, x2)
-    grid, split_rows, splits = _grid(x2)
-    part = torch.empty(2, splits, C, device=x.device, dtype=torch.float32)  # per split: mean, M2
-    cnt = torch.empty(splits, device=x.device, dtype=torch.float32)
-    common = dict(HAS_PAD=pad_mask is not None, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    col_blocks = cdiv(C, BLOCK_C)
+    f32 = dict(device=x.device, dtype=torch.float32)
     if batch_stats:
-        _bn_stats_kernel[grid](x2, pad_t, part, cnt, T * B, C, B, sb, st, split_rows, **common)
+        options = _options(x2, N, pad_mask)
+        head = (x2, pad_t, torch.float32, torch.float32, N, C, B, sb, st)
+        grid, split_rows, splits = split_plan(_bn_stats_kernel, head, options, N, col_blocks, x.device)
+        part, cnt = torch.empty(2, splits, C, **f32), torch.empty(splits, **f32)  # per split: mean, M2
+        _bn_stats_kernel[grid](x2, pad_t, part, cnt, N, C, B, sb, st, split_rows, **options)
         if sync:
             part, cnt = _synced_moments(part, cnt)
-    mean = torch.empty(C, device=x.device, dtype=torch.float32)
-    var = torch.empty_like(mean)
-    count = torch.empty((), device=x.device, dtype=torch.float32)
+            splits = 1
+    else:
+        part, cnt, splits = running_mean, running_mean, 0  # the running statistics normalise
+    mean, var, count = torch.empty(C, **f32), torch.empty(C, **f32), torch.empty((), **f32)
     y = torch.empty_like(x2)
-    _bn_apply_kernel[grid](x2, pad_t, y, part, cnt, part.shape[1], mean, var, count, weight, bias,
-                           running_mean, running_var, num_batches_tracked, T * B, C, B, sb, st,
-                           split_rows, eps, momentum, AFFINE=weight is not None,
-                           BATCH_STATS=batch_stats, UPDATE_RUNNING=update_running,
-                           CHUNK=SPLIT_CHUNK, **common)
-    return y.view(T, B, C), mean, var, count
+    options = _options(x2, N, pad_mask, AFFINE=weight is not None, BATCH_STATS=batch_stats,
+                       UPDATE_RUNNING=update_running, CHUNK=SPLIT_CHUNK)
+    head = (x2, pad_t, y, part, cnt, splits, mean, var, count, weight, bias, running_mean,
+            running_var, num_batches_tracked, N, C, B, sb, st, eps, momentum)
+    grid, split_rows, _ = split_plan(_bn_apply_kernel, head, options, N, col_blocks, x.device)
+    _bn_apply_kernel[grid](*head, split_rows, **options)
+    return y, mean, var, count
+
+
+def backward_launches(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Optional[torch.Tensor],
+                      x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                      mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, eps: float,
+                      batch_stats: bool, sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(∂L/∂x, ∂L/∂γ, ∂L/∂β) from the gradients of y, μ_B and σ²_B (empty γ, β grads without affine)."""
+    T, B, C = x.shape
+    N = T * B
+    x2, gy2 = x.contiguous(), gy.contiguous()  # read as N×C
+    pad_t, sb, st = pad_args(pad_mask, x2)
+    col_blocks = cdiv(C, BLOCK_C)
+    affine = weight is not None
+    part, splits = mean, 0  # no sums to merge
+    if affine or batch_stats:
+        options = _options(x2, N, pad_mask)
+        head = (gy2, x2, pad_t, mean, var, torch.float32, N, C, B, sb, st, eps)
+        grid, split_rows, splits = split_plan(_bn_grad_sums_kernel, head, options, N, col_blocks, x.device)
+        part = torch.empty(2, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ
+        _bn_grad_sums_kernel[grid](gy2, x2, pad_t, mean, var, part, N, C, B, sb, st, eps, split_rows,
+                                   **options)
+    dx, dw, db = empty_grads(x, weight)
+    if sync and batch_stats:
+        # μ_B and σ²_B are every worker's: the merge sees the sums over workers (gmean, gvar
+        # included); γ and β get this worker's sums, as on the torch path
+        local = part.sum(1)
+        zeros = torch.zeros_like(local[0])
+        both = torch.cat([local, torch.stack([zeros if g is None else g for g in (gmean, gvar)])])
+        dist.all_reduce(both)
+        part, gmean, gvar, splits = both[:2, None], both[2], both[3], 1
+        if affine:
+            db.copy_(local[0])
+            dw.copy_(local[1])
+    options = _options(x2, N, pad_mask, AFFINE=affine, PARAM_GRADS=affine and not (sync and batch_stats),
+                       BATCH_STATS=batch_stats, HAS_GMEAN=gmean is not None, HAS_GVAR=gvar is not None,
+                       CHUNK=SPLIT_CHUNK)
+    head = (gy2, x2, pad_t, dx, part, splits, gmean, gvar, mean, var, count, weight, dw, db,
+            N, C, B, sb, st, eps)
+    grid, split_rows, _ = split_plan(_bn_grad_input_kernel, head, options, N, col_blocks, x.device)
+    _bn_grad_input_kernel[grid](*head, split_rows, **options)
+    return dx, dw, db
+
+
+_forward = torch.library.custom_op("normplug::batch_norm_forward", forward_launches,
+                                   mutates_args=("running_mean", "running_var", "num_batches_tracked"))
+_backward = torch.library.custom_op("normplug::batch_norm_backward", backward_launches, mutates_args=())
 
 
 @_forward.register_fake
@@ -314,45 +391,15 @@ def _(x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked,
             x.new_empty((), dtype=torch.float32))
 
 
-@torch.library.custom_op("normplug::batch_norm_backward", mutates_args=())
-def _backward(gy: torch.Tensor, gmean: Optional[torch.Tensor], gvar: Optional[torch.Tensor],
-              x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
-              mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, eps: float,
-              batch_stats: bool, sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(∂L/∂x, ∂L/∂γ, ∂L/∂β) from the gradients of y, μ_B and σ²_B (empty γ, β grads without affine)."""
-    T, B, C = x.shape
-    x2, gy2 = x.contiguous().view(T * B, C), gy.contiguous().view(T * B, C)
-    pad_t, sb, st = pad_args(pad_mask, x2)
-    grid, split_rows, splits = _grid(x2)
-    affine = weight is not None
-    common = dict(HAS_PAD=pad_mask is not None, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
-    part = torch.empty(2, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ
-    if affine or batch_stats:
-        _bn_grad_sums_kernel[grid](gy2, x2, pad_t, mean, var, part, T * B, C, B, sb, st,
-                                   split_rows, eps, **common)
-    dx, dw, db = empty_grads(x, weight)
-    if sync and batch_stats:
-        # μ_B and σ²_B are every worker's: the merge sees the sums over workers (gmean, gvar
-        # included); γ and β get this worker's sums, as on the torch path
-        local = part.sum(1)
-        zeros = torch.zeros_like(local[0])
-        both = torch.cat([local, torch.stack([zeros if g is None else g for g in (gmean, gvar)])])
-        dist.all_reduce(both)
-        part, gmean, gvar = both[:2, None], both[2], both[3]
-        if affine:
-            db.copy_(local[0])
-            dw.copy_(local[1])
-    _bn_grad_input_kernel[grid](gy2, x2, pad_t, dx, part, part.shape[1], gmean, gvar, mean, var, count,
-                                weight, dw, db, T * B, C, B, sb, st, split_rows, eps, AFFINE=affine,
-                                PARAM_GRADS=affine and not (sync and batch_stats),
-                                BATCH_STATS=batch_stats, HAS_GMEAN=gmean is not None,
-                                HAS_GVAR=gvar is not None, CHUNK=SPLIT_CHUNK, **common)
-    return dx, dw, db
-
-
 @_backward.register_fake
 def _(gy, gmean, gvar, x, pad_mask, weight, mean, var, count, eps, batch_stats, sync):
     return empty_grads(x, weight)
+
+
+def traced(op, launches):
+    """``op`` where torch.compile traces (it sees the buffers the op declares it updates), else
+    ``launches``, the op's Python body: eager mode skips the dispatcher's cost."""
+    return op if torch.compiler.is_compiling() else launches
 
 
 class _BatchNorm(torch.autograd.Function):
@@ -362,9 +409,9 @@ class _BatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked,
                 eps, momentum, batch_stats, update_running, sync):
-        y, mean, var, count = _forward(x, pad_mask, weight, bias, running_mean, running_var,
-                                       num_batches_tracked, eps, momentum, batch_stats,
-                                       update_running, sync)
+        y, mean, var, count = traced(_forward, forward_launches)(
+            x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked, eps, momentum,
+            batch_stats, update_running, sync)
         ctx.save_for_backward(x, pad_mask, weight, mean, var, count)
         ctx.options = (eps, batch_stats, sync)
         ctx.set_materialize_grads(False)
@@ -378,7 +425,8 @@ class _BatchNorm(torch.autograd.Function):
         x, pad_mask, weight, mean, var, count = ctx.saved_tensors
         if gy is None:  # a loss on the statistics alone
             gy = torch.zeros_like(x)
-        dx, dw, db = _backward(gy, gmean, gvar, x, pad_mask, weight, mean, var, count, *ctx.options)
+        dx, dw, db = traced(_backward, backward_launches)(gy, gmean, gvar, x, pad_mask, weight, mean,
+                                                          var, count, *ctx.options)
         if weight is None:
             dw = db = None
         return dx, None, dw, db, None, None, None, None, None, None, None, None

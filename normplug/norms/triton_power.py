@@ -1,14 +1,15 @@
 """Fused Triton kernels for PowerNorm (Shen et al. 2020), forward and the released backward (the
-torch code in power.py is the reference they are tested against). Rows, padding, splits and
-custom ops as in triton_batch.py.
+torch code in power.py is the reference they are tested against). Rows, padding, splits,
+resident programs and custom ops as in triton_batch.py.
 
-Group scaling needs whole rows, so the kernels that touch tokens hold whole rows as a
-rows × groups × channels-of-a-group tile (register use does not grow with the groups) and
-each program loops over the row blocks of its split. A training step is five launches: Σz²
-per split; a merge (σ²_B, the forward's scale, the ψ² update); the output; the input gradient
-with per-split sums for γ, β and ν; a merge (γ, β gradients, the ν update). The backward
-recomputes the group scaling from x rather than keeping z. This module imports triton:
-power.py imports it only when a norm runs with impl="triton".
+Group scaling needs whole groups, so the kernels that touch tokens hold rows × groups ×
+channels-of-a-group tiles: a grid of group blocks × row splits, each program looping over the
+row blocks of its split. A group is held in registers: at most MAX_GROUP_CHANNELS channels
+(impl.py), so that no kernel spills. A training step is five launches: Σz² per split; a merge
+(σ²_B, the forward's scale, the ψ² update); the output; the input gradient with per-split sums
+for γ, β and ν; a merge (γ, β gradients, the ν update). The backward recomputes the group
+scaling from x rather than keeping z. This module imports triton: power.py imports it only
+when a norm runs with impl="triton".
 """
 from typing import Optional, Tuple
 
@@ -17,20 +18,41 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .triton_batch import empty_grads, pad_args, real_rows, split_plan, sum_splits
+from .impl import MAX_GROUP_CHANNELS, check_width
+from .power import GROUP_HELD
+from .triton_batch import (WARPS, empty_grads, pad_args, real_rows, split_plan,
+                           sum_splits, traced)
+from .triton_grid import cdiv, next_power_of_2
 
-ROW_TILE_ELEMENTS = 2048  # elements of a row-wise tile (whole rows: more if one row is wider)
-MAX_TILE_ROWS = 32
+MIN_TILE_CHANNELS = 64  # channels of a tile at least: narrow groups share a program
 MERGE_COLS = 4  # channels per merge program: the partials are small, so many programs share them
 MERGE_CHUNK = 64  # partials a merge program loads at once
 
 
 @triton.jit
 def _group_cols(G, D, GB: tl.constexpr, DB: tl.constexpr):
-    """The channel at each (group, position in the group) of a GB×DB block, and where one is real."""
-    g = tl.arange(0, GB)[:, None]
+    """The channel at each (group, position in the group) of this program's GB×DB block of
+    groups, and where one is real."""
+    g = tl.program_id(0) * GB + tl.arange(0, GB)[:, None]
     d = tl.arange(0, DB)[None, :]
     return g * D + d, (g < G) & (d < D)
+
+
+@triton.jit
+def _load_groups(ptr, rows, cols, in_c, N, C, real):
+    """The float32 rows × groups × channels tile of an N×C array, 0 at rows that are not
+    ``real``: masked by the bounds only, padding (NaN included) zeroed after the load."""
+    inside = (rows < N)[:, None, None] & in_c[None, :, :]
+    h = tl.load(ptr + rows[:, None, None].to(tl.int64) * C + cols[None, :, :], mask=inside, other=0.0)
+    return tl.where(real[:, None, None], h.to(tl.float32), 0.0)
+
+
+@triton.jit
+def _store_groups(ptr, rows, cols, in_c, N, C, real, value):
+    """Store the rows × groups × channels tile ``value``, 0 at rows that are not ``real``."""
+    inside = (rows < N)[:, None, None] & in_c[None, :, :]
+    tl.store(ptr + rows[:, None, None].to(tl.int64) * C + cols[None, :, :],
+             tl.where(real[:, None, None], value, 0.0).to(ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -41,24 +63,24 @@ def _group_scale(h, D, group_eps):
 
 @triton.jit
 def _power_stats_kernel(x_ptr, pad_ptr, part_ptr, cnt_ptr, N, C, B, pad_sb, pad_st, G, D,
-                        split_rows, group_eps, HAS_PAD: tl.constexpr, GB: tl.constexpr,
+                        group_eps, split_rows, HAS_PAD: tl.constexpr, GB: tl.constexpr,
                         DB: tl.constexpr, BLOCK_R: tl.constexpr):
     # one split's Σ m·z² per channel (z the group-scaled x) and its count of real tokens
     cols, in_c = _group_cols(G, D, GB, DB)
-    split = tl.program_id(0)
+    split = tl.program_id(1)
     acc = tl.zeros([BLOCK_R, GB, DB], tl.float32)
     cnt = tl.zeros([BLOCK_R], tl.float32)
     start = split * split_rows
     for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
-        h = tl.load(x_ptr + rows[:, None, None].to(tl.int64) * C + cols[None, :, :],
-                    mask=real[:, None, None] & in_c[None, :, :], other=0.0).to(tl.float32)
+        h = _load_groups(x_ptr, rows, cols, in_c, N, C, real)
         z = h * _group_scale(h, D, group_eps)
         acc += z * z
         cnt += real.to(tl.float32)
     tl.store(part_ptr + split * C + cols, tl.sum(acc, 0), mask=in_c)
-    tl.store(cnt_ptr + split, tl.sum(cnt, 0))
+    if tl.program_id(0) == 0:
+        tl.store(cnt_ptr + split, tl.sum(cnt, 0))
 
 
 @triton.jit
@@ -100,7 +122,7 @@ def _power_merge_kernel(part_ptr, cnt_ptr, S, C, psi2_ptr, step_ptr, sigma2_ptr,
 
 @triton.jit
 def _power_apply_kernel(x_ptr, pad_ptr, y_ptr, inv_ptr, w_ptr, b_ptr, N, C, B, pad_sb, pad_st, G,
-                        D, split_rows, group_eps, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
+                        D, group_eps, split_rows, HAS_PAD: tl.constexpr, AFFINE: tl.constexpr,
                         GB: tl.constexpr, DB: tl.constexpr, BLOCK_R: tl.constexpr):
     # y = γ·z·inv_fwd + β over this split's rows, 0 at padding
     cols, in_c = _group_cols(G, D, GB, DB)
@@ -108,22 +130,20 @@ def _power_apply_kernel(x_ptr, pad_ptr, y_ptr, inv_ptr, w_ptr, b_ptr, N, C, B, p
     if AFFINE:
         w = tl.load(w_ptr + cols, mask=in_c, other=0.0).to(tl.float32)[None, :, :]
         b = tl.load(b_ptr + cols, mask=in_c, other=0.0).to(tl.float32)[None, :, :]
-    start = tl.program_id(0) * split_rows
+    start = tl.program_id(1) * split_rows
     for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None, None] & in_c[None, :, :]
-        offs = rows[:, None, None].to(tl.int64) * C + cols[None, :, :]
-        h = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
+        h = _load_groups(x_ptr, rows, cols, in_c, N, C, real)
         y = h * _group_scale(h, D, group_eps) * inv
         if AFFINE:
             y = y * w + b
-        tl.store(y_ptr + offs, tl.where(ok, y, 0.0).to(y_ptr.dtype.element_ty),
-                 mask=(rows < N)[:, None, None] & in_c[None, :, :])
+        _store_groups(y_ptr, rows, cols, in_c, N, C, real, y)
 
 
 @triton.jit
 def _power_grad_kernel(gy_ptr, x_ptr, pad_ptr, dx_ptr, inv_ptr, nu_ptr, w_ptr, part_ptr, N, C, B,
-                       pad_sb, pad_st, G, D, split_rows, nu_scale, group_eps,
+                       pad_sb, pad_st, G, D, nu_scale, group_eps, split_rows,
                        HAS_PAD: tl.constexpr, AFFINE: tl.constexpr, TRAINING: tl.constexpr,
                        GB: tl.constexpr, DB: tl.constexpr, BLOCK_R: tl.constexpr):
     # ∂L/∂z = g̃·inv_bwd, g̃ = γ·gy − nu_scale·ν·ẑ (nu_scale = 1 − α_b in training, 0 in eval),
@@ -140,28 +160,26 @@ def _power_grad_kernel(gy_ptr, x_ptr, pad_ptr, dx_ptr, inv_ptr, nu_ptr, w_ptr, p
     db = tl.zeros([BLOCK_R, GB, DB], tl.float32)
     dw = tl.zeros([BLOCK_R, GB, DB], tl.float32)
     dnu = tl.zeros([BLOCK_R, GB, DB], tl.float32)
-    split = tl.program_id(0)
+    split = tl.program_id(1)
     start = split * split_rows
     for r0 in range(start, tl.minimum(start + split_rows, N), BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        ok = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)[:, None, None] & in_c[None, :, :]
-        offs = rows[:, None, None].to(tl.int64) * C + cols[None, :, :]
-        h = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        gy = tl.load(gy_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        real = real_rows(rows, N, B, pad_ptr, pad_sb, pad_st, HAS_PAD)
+        h = _load_groups(x_ptr, rows, cols, in_c, N, C, real)
+        gy = _load_groups(gy_ptr, rows, cols, in_c, N, C, real)
         s = _group_scale(h, D, group_eps)
         z = h * s
         zhat = z * inv_fwd
         g_tilde = gy * w - coef * zhat
         dz = g_tilde * inv_bwd
         dx = s * (dz - z * (tl.sum(dz * z, 2) / D)[:, :, None])
-        tl.store(dx_ptr + offs, tl.where(ok, dx, 0.0).to(dx_ptr.dtype.element_ty),
-                 mask=(rows < N)[:, None, None] & in_c[None, :, :])
+        _store_groups(dx_ptr, rows, cols, in_c, N, C, real, dx)
         if AFFINE:
             db += gy
             dw += gy * zhat
         if TRAINING:
             dnu += g_tilde * zhat
-    S = tl.num_programs(0)
+    S = tl.num_programs(1)
     if AFFINE:
         tl.store(part_ptr + split * C + cols, tl.sum(db, 0), mask=in_c)
         tl.store(part_ptr + (S + split) * C + cols, tl.sum(dw, 0), mask=in_c)
@@ -186,47 +204,86 @@ def _power_grad_merge_kernel(part_ptr, S, C, count_ptr, nu_ptr, dw_ptr, db_ptr,
         tl.store(nu_ptr + cols, tl.load(nu_ptr + cols, mask=in_c, other=0.0) + step, mask=in_c)
 
 
-def _row_plan(x2, groups):
-    """(kernel options, rows per split, splits, D) of the row-wise kernels for an N×C input."""
-    N, C = x2.shape
-    gb, db = triton.next_power_of_2(groups), triton.next_power_of_2(C // groups)
-    rows = max(1, min(MAX_TILE_ROWS, ROW_TILE_ELEMENTS // (gb * db)))
-    split_rows, splits = split_plan(N, rows, 1, x2.device)
-    options = dict(GB=gb, DB=db, BLOCK_R=rows, num_warps=min(max(rows * gb * db // 256, 1), 8))
-    return options, split_rows, splits, C // groups
+def _group_tile(N, C, groups, per_thread, pad_mask, **flags):
+    """(kernel options, group blocks, D) of a rows × groups × channels tile of N rows of C:
+    ``per_thread`` elements a thread over WARPS warps (fewer rows for fewer tokens), or whole
+    groups (at least MIN_TILE_CHANNELS channels) of one row over more warps when that is wider."""
+    D = C // groups
+    check_width("power", "triton", D, MAX_GROUP_CHANNELS, GROUP_HELD)
+    db = next_power_of_2(D)
+    gb = min(next_power_of_2(groups), max(1, MIN_TILE_CHANNELS // db))
+    rows = max(1, min(per_thread * 32 * WARPS // (gb * db), next_power_of_2(max(N, 1))))
+    warps = min(32, max(WARPS, rows * gb * db // (32 * per_thread)))
+    options = dict(flags, HAS_PAD=pad_mask is not None, GB=gb, DB=db, BLOCK_R=rows, num_warps=warps)
+    return options, cdiv(groups, gb), D
 
 
-@torch.library.custom_op("normplug::power_norm_forward", mutates_args=("running_psi2",))
-def _forward(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
-             bias: Optional[torch.Tensor], running_psi2: torch.Tensor, num_updates: torch.Tensor,
-             eps: float, groups: int, group_eps: float, warmup: int, alpha_fwd: float,
-             training: bool, sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_launches(x: torch.Tensor, pad_mask: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                     bias: Optional[torch.Tensor], running_psi2: torch.Tensor, num_updates: torch.Tensor,
+                     eps: float, groups: int, group_eps: float, warmup: int, alpha_fwd: float,
+                     training: bool, sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, σ², scales, n): σ²_B in training (ψ² in eval), the forward's and the backward's
     1/sqrt(· + ε) per channel (2×C), the number of real tokens (0 in eval)."""
     T, B, C = x.shape
-    x2 = x.contiguous().view(T * B, C)
+    N = T * B
+    x2 = x.contiguous()  # read as N×C
     pad_t, sb, st = pad_args(pad_mask, x2)
-    options, split_rows, splits, D = _row_plan(x2, groups)
-    part = torch.empty(splits, C, device=x.device, dtype=torch.float32)
-    cnt = torch.empty(splits, device=x.device, dtype=torch.float32)
+    f32 = dict(device=x.device, dtype=torch.float32)
     if training:
-        _power_stats_kernel[(splits,)](x2, pad_t, part, cnt, T * B, C, B, sb, st, groups, D,
-                                       split_rows, group_eps, HAS_PAD=pad_mask is not None, **options)
+        options, blocks, D = _group_tile(N, C, groups, 16, pad_mask)
+        head = (x2, pad_t, torch.float32, torch.float32, N, C, B, sb, st, groups, D, group_eps)
+        grid, split_rows, splits = split_plan(_power_stats_kernel, head, options, N, blocks, x.device)
+        part, cnt = torch.empty(splits, C, **f32), torch.empty(splits, **f32)
+        _power_stats_kernel[grid](x2, pad_t, part, cnt, *head[4:], split_rows, **options)
         if sync:
             sums = torch.cat([part.sum(0), cnt.sum().reshape(1)])
             dist.all_reduce(sums)
-            part, cnt = sums[:C], sums[C:]  # every worker's tokens as one split
-    sigma2 = torch.empty(C, device=x.device, dtype=torch.float32)
-    scales = torch.empty(2, C, device=x.device, dtype=torch.float32)
-    count = torch.empty((), device=x.device, dtype=torch.float32)
-    _power_merge_kernel[(triton.cdiv(C, MERGE_COLS),)](
-        part, cnt, cnt.shape[0], C, running_psi2, num_updates, sigma2, scales, count, eps, warmup,
+            part, cnt, splits = sums[:C], sums[C:], 1  # every worker's tokens as one split
+    else:
+        part, cnt, splits = running_psi2, running_psi2, 0  # no batch statistics in eval
+    sigma2, scales, count = torch.empty(C, **f32), torch.empty(2, C, **f32), torch.empty((), **f32)
+    _power_merge_kernel[(cdiv(C, MERGE_COLS),)](
+        part, cnt, splits, C, running_psi2, num_updates, sigma2, scales, count, eps, warmup,
         alpha_fwd, TRAINING=training, MERGE_COLS=MERGE_COLS, CHUNK=MERGE_CHUNK)
     y = torch.empty_like(x2)
-    _power_apply_kernel[(splits,)](x2, pad_t, y, scales, weight, bias, T * B, C, B, sb, st, groups, D,
-                                   split_rows, group_eps, HAS_PAD=pad_mask is not None,
-                                   AFFINE=weight is not None, **options)
-    return y.view(T, B, C), sigma2, scales, count
+    options, blocks, D = _group_tile(N, C, groups, 16, pad_mask, AFFINE=weight is not None)
+    head = (x2, pad_t, y, scales, weight, bias, N, C, B, sb, st, groups, D, group_eps)
+    grid, split_rows, _ = split_plan(_power_apply_kernel, head, options, N, blocks, x.device)
+    _power_apply_kernel[grid](*head, split_rows, **options)
+    return y, sigma2, scales, count
+
+
+def backward_launches(gy: torch.Tensor, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                      weight: Optional[torch.Tensor], nu: torch.Tensor, scales: torch.Tensor,
+                      count: torch.Tensor, groups: int, group_eps: float, nu_scale: float, training: bool,
+                      sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(∂L/∂x, ∂L/∂γ, ∂L/∂β) (empty γ, β grads without affine); in training ν takes its step."""
+    T, B, C = x.shape
+    N = T * B
+    x2, gy2 = x.contiguous(), gy.contiguous()  # read as N×C
+    pad_t, sb, st = pad_args(pad_mask, x2)
+    affine = weight is not None
+    dx, dw, db = empty_grads(x, weight)
+    # half the forward's tile: a thread holds three sums and four per-channel factors an element
+    options, blocks, D = _group_tile(N, C, groups, 8, pad_mask, AFFINE=affine, TRAINING=training)
+    head, tail = (gy2, x2, pad_t, dx, scales, nu, weight), (N, C, B, sb, st, groups, D, nu_scale, group_eps)
+    grid, split_rows, splits = split_plan(_power_grad_kernel, (*head, torch.float32, *tail), options, N, blocks,
+                                          x.device)
+    part = torch.empty(3, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ, ν's sum
+    _power_grad_kernel[grid](*head, part, *tail, split_rows, **options)
+    if training and sync:
+        part = part.sum(1, keepdim=True)
+        dist.all_reduce(part[2])  # ν is every worker's; γ and β get this worker's sums
+    if affine or training:
+        _power_grad_merge_kernel[(cdiv(C, MERGE_COLS),)](
+            part, part.shape[1], C, count, nu, dw, db, AFFINE=affine, TRAINING=training,
+            MERGE_COLS=MERGE_COLS, CHUNK=MERGE_CHUNK)
+    return dx, dw, db
+
+
+_forward = torch.library.custom_op("normplug::power_norm_forward", forward_launches,
+                                   mutates_args=("running_psi2",))
+_backward = torch.library.custom_op("normplug::power_norm_backward", backward_launches, mutates_args=("nu",))
 
 
 @_forward.register_fake
@@ -235,33 +292,6 @@ def _(x, pad_mask, weight, bias, running_psi2, num_updates, eps, groups, group_e
     C = x.shape[-1]
     return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(C, dtype=torch.float32),
             x.new_empty(2, C, dtype=torch.float32), x.new_empty((), dtype=torch.float32))
-
-
-@torch.library.custom_op("normplug::power_norm_backward", mutates_args=("nu",))
-def _backward(gy: torch.Tensor, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
-              weight: Optional[torch.Tensor], nu: torch.Tensor, scales: torch.Tensor,
-              count: torch.Tensor, groups: int, group_eps: float, nu_scale: float, training: bool,
-              sync: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(∂L/∂x, ∂L/∂γ, ∂L/∂β) (empty γ, β grads without affine); in training ν takes its step."""
-    T, B, C = x.shape
-    x2, gy2 = x.contiguous().view(T * B, C), gy.contiguous().view(T * B, C)
-    pad_t, sb, st = pad_args(pad_mask, x2)
-    options, split_rows, splits, D = _row_plan(x2, groups)
-    affine = weight is not None
-    part = torch.empty(3, splits, C, device=x.device, dtype=torch.float32)  # per split: dβ, dγ, ν's sum
-    dx, dw, db = empty_grads(x, weight)
-    _power_grad_kernel[(splits,)](gy2, x2, pad_t, dx, scales, nu, weight, part, T * B, C, B, sb, st,
-                                  groups, D, split_rows, nu_scale, group_eps,
-                                  HAS_PAD=pad_mask is not None, AFFINE=affine, TRAINING=training,
-                                  **options)
-    if training and sync:
-        part = part.sum(1, keepdim=True)
-        dist.all_reduce(part[2])  # ν is every worker's; γ and β get this worker's sums
-    if affine or training:
-        _power_grad_merge_kernel[(triton.cdiv(C, MERGE_COLS),)](
-            part, part.shape[1], C, count, nu, dw, db, AFFINE=affine, TRAINING=training,
-            MERGE_COLS=MERGE_COLS, CHUNK=MERGE_CHUNK)
-    return dx, dw, db
 
 
 @_backward.register_fake
@@ -276,8 +306,9 @@ class _PowerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pad_mask, weight, bias, running_psi2, nu, num_updates, eps, groups,
                 group_eps, warmup, alpha_fwd, alpha_bkw, training, sync):
-        y, sigma2, scales, count = _forward(x, pad_mask, weight, bias, running_psi2, num_updates,
-                                            eps, groups, group_eps, warmup, alpha_fwd, training, sync)
+        y, sigma2, scales, count = traced(_forward, forward_launches)(
+            x, pad_mask, weight, bias, running_psi2, num_updates, eps, groups, group_eps, warmup,
+            alpha_fwd, training, sync)
         ctx.save_for_backward(x, pad_mask, weight, scales, count)
         ctx.nu = nu  # a buffer the backward updates: held, not saved (saved tensors must not change)
         ctx.options = (groups, group_eps, (1 - alpha_bkw) if training else 0.0, training, sync)
@@ -287,7 +318,8 @@ class _PowerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, _gsigma2):
         x, pad_mask, weight, scales, count = ctx.saved_tensors
-        dx, dw, db = _backward(gy, x, pad_mask, weight, ctx.nu, scales, count, *ctx.options)
+        dx, dw, db = traced(_backward, backward_launches)(gy, x, pad_mask, weight, ctx.nu, scales, count,
+                                                          *ctx.options)
         if weight is None:
             dw = db = None
         return (dx, None, dw, db) + (None,) * 11

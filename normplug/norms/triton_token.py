@@ -2,20 +2,22 @@
 (Xu et al., "Understanding and Improving Layer Normalization", NeurIPS 2019), RMSNorm
 (Zhang & Sennrich, NeurIPS 2019) and ScaleNorm (Nguyen & Salazar, IWSLT 2019).
 
-One forward and one backward kernel, each over tiles of whole tokens (rows of C channels),
-specialised by constexpr flags into each norm; per_token.py states the same equations in
-plain torch, and that path is the reference the tests hold these kernels to. A call is one
-launch forward (a program per tile) and one backward (a program per multiprocessor, each
-striding over tiles), plus torch's sum of the backward programs' shares of RMSNorm's and
-ScaleNorm's parameter gradient.
+One forward and one backward kernel, each over tiles of whole tokens (rows of C channels, at
+most MAX_ROW_CHANNELS: a token is held in registers), specialised by constexpr flags into each
+norm; per_token.py states the same equations in plain torch, and that path is the reference
+the tests hold these kernels to. A call is one launch forward (a program per tile) and one
+backward (as many programs as the GPU keeps resident, triton_grid.py, each striding over
+tiles), plus torch's sum of the backward programs' shares of RMSNorm's and ScaleNorm's
+parameter gradient.
 Statistics are float32 for fp16/bf16/fp32 input (float64 for float64, though ε, k and C
 reach a compiled kernel as float32 numbers), outputs in the input's dtype. The forward
 saves each token's statistics; the backward reads them back.
 
 This module imports triton at its top: per_token.py imports it on the first fused call only,
-so that ``import normplug`` works without triton. The kernels are wrapped as
-torch.library custom ops with fake and autograd implementations, so torch.compile
-(fullgraph=True) traces a fused norm as one opaque op, forward and backward.
+so that ``import normplug`` works without triton. The launches are torch.library custom ops
+with fake implementations, called from an autograd.Function where torch.compile traces (so
+that torch.compile(fullgraph=True) traces a fused norm as one opaque op, forward and backward),
+and directly in eager mode, which skips the dispatcher's host cost.
 """
 from typing import Optional, Tuple
 
@@ -23,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .registry import NormConfigError
-from .triton_grid import multiprocessor_count
+from .impl import MAX_ROW_CHANNELS, check_width
+from .triton_batch import traced
+from .triton_grid import cdiv, next_power_of_2, resident_programs
 
 # Which norm a kernel computes (the constexpr KIND: each is compiled separately); a kernel
 # reads only globals that are tl.constexpr, the host their int values.
@@ -35,10 +38,9 @@ SCALE = tl.constexpr(3)  # y = g · x / max(‖x‖₂, ε)
 KINDS = {"layer_simple": SIMPLE.value, "detach": SIMPLE.value, "adanorm": ADANORM.value,
          "rms": RMS.value, "scale": SCALE.value}
 
-# Elements of one program's tile: rows of a narrow norm share a program.
-_TILE = 4096
-# One token is one block of registers: wider tokens would spill; impl="torch" serves them.
-_MAX_CHANNELS = 2**16
+WARPS = 8  # a program's warps, more where one token needs them
+# elements a thread holds of each tile: rows of a narrow norm share a program
+FORWARD_PER_THREAD, BACKWARD_PER_THREAD = 16, 8
 
 
 @triton.jit
@@ -142,20 +144,16 @@ def _stats_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _launch(n_rows: int, n_cols: int):
-    """(grid, rows per program, channel block, warps) for ``n_rows`` tokens of ``n_cols``."""
-    if n_cols > _MAX_CHANNELS:
-        raise NormConfigError(f"impl='triton' normalises a token in one block of at most "
-                              f"{_MAX_CHANNELS} channels, got {n_cols}; use impl='torch'")
-    block_c = triton.next_power_of_2(n_cols)
-    block_r = max(1, min(triton.next_power_of_2(n_rows), _TILE // block_c))
-    warps = min(max(block_r * block_c // 512, 1), 8)
-    return (triton.cdiv(n_rows, block_r),), block_r, block_c, warps
+def _tile(n_rows: int, n_cols: int, per_thread: int):
+    """(rows a tile, channel block, warps) for tokens of ``n_cols`` channels: ``per_thread``
+    elements a thread over WARPS warps, or one token over more warps when it is wider."""
+    block_c = next_power_of_2(n_cols)
+    block_r = max(1, min(next_power_of_2(n_rows), per_thread * 32 * WARPS // block_c))
+    return block_r, block_c, min(32, max(WARPS, block_r * block_c // (32 * per_thread)))
 
 
-@torch.library.custom_op("normplug::per_token_forward", mutates_args=())
-def _forward(x: torch.Tensor, param: Optional[torch.Tensor], kind: int, eps: float, k: float,
-             scale: float, mean_grad: bool, std_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def forward_launches(x: torch.Tensor, param: Optional[torch.Tensor], kind: int, eps: float, k: float,
+                     scale: float, mean_grad: bool, std_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(output, per-token statistics) of norm ``kind``; ``mean_grad``/``std_grad`` are read
     by the backward only."""
     x = x.contiguous()
@@ -164,10 +162,44 @@ def _forward(x: torch.Tensor, param: Optional[torch.Tensor], kind: int, eps: flo
     y = torch.empty_like(x)
     stats = torch.empty(2 if kind <= ADANORM.value else 1, n_rows, dtype=_stats_dtype(x), device=x.device)
     if n_rows:
-        grid, block_r, block_c, warps = _launch(n_rows, n_cols)
-        _forward_kernel[grid](x, y, x if param is None else param, stats, n_rows, n_cols, eps, k, scale,
-                              KIND=kind, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        block_r, block_c, warps = _tile(n_rows, n_cols, FORWARD_PER_THREAD)
+        _forward_kernel[(cdiv(n_rows, block_r),)](
+            x, y, x if param is None else param, stats, n_rows, n_cols, eps, k, scale,
+            KIND=kind, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return y, stats
+
+
+def backward_launches(gy: torch.Tensor, x: torch.Tensor, param: Optional[torch.Tensor], stats: torch.Tensor,
+                      kind: int, eps: float, k: float, scale: float, mean_grad: bool,
+                      std_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(∂L/∂x, ∂L/∂param) of norm ``kind``; the second is empty for a norm without one."""
+    x, gy = x.contiguous(), gy.contiguous()
+    n_cols = x.shape[-1]
+    n_rows = stats.shape[1]
+    dx = torch.empty_like(x)
+    if n_rows == 0:
+        dx.zero_()
+        return dx, (x.new_empty(0) if param is None else torch.zeros_like(param))
+    block_r, block_c, warps = _tile(n_rows, n_cols, BACKWARD_PER_THREAD)
+    options = dict(KIND=kind, MEAN_GRAD=mean_grad, STD_GRAD=std_grad, BLOCK_R=block_r, BLOCK_C=block_c,
+                   num_warps=warps)
+    # persistent: as many programs as the GPU keeps resident, so that a parameter's partial
+    # sums are programs × C, not tiles × C (Liger's RMSNorm backward does the same)
+    head, tail = (gy, x, x if param is None else param, stats, dx), (n_rows, n_cols, eps, k, scale)
+    resident = resident_programs(_backward_kernel, (*head, stats.dtype, *tail), options, x.device)
+    grid = (min(cdiv(n_rows, block_r), resident),)
+    if param is None:
+        partial = stats  # not written: SIMPLE and ADANORM have no parameter
+    else:
+        partial = stats.new_empty((grid[0], n_cols) if kind == RMS.value else (grid[0],))
+    _backward_kernel[grid](*head, partial, *tail, **options)
+    if param is None:
+        return dx, x.new_empty(0)
+    return dx, partial.sum(0).reshape(param.shape).to(param.dtype)
+
+
+_forward = torch.library.custom_op("normplug::per_token_forward", forward_launches, mutates_args=())
+_backward = torch.library.custom_op("normplug::per_token_backward", backward_launches, mutates_args=())
 
 
 @_forward.register_fake
@@ -177,54 +209,27 @@ def _forward_fake(x, param, kind, eps, k, scale, mean_grad, std_grad):
             x.new_empty(2 if kind <= ADANORM.value else 1, n_rows, dtype=_stats_dtype(x)))
 
 
-@torch.library.custom_op("normplug::per_token_backward", mutates_args=())
-def _backward(gy: torch.Tensor, x: torch.Tensor, param: Optional[torch.Tensor], stats: torch.Tensor,
-              kind: int, eps: float, k: float, scale: float, mean_grad: bool,
-              std_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(∂L/∂x, ∂L/∂param) of norm ``kind``; the second is empty for a norm without one."""
-    x, gy = x.contiguous(), gy.contiguous()
-    n_cols = x.shape[-1]
-    n_rows = stats.shape[1]
-    dx = torch.empty_like(x)
-    if n_rows == 0:
-        dx.zero_()
-        return dx, (x.new_empty(0) if param is None else torch.zeros_like(param))
-    tiles, block_r, block_c, warps = _launch(n_rows, n_cols)
-    # persistent: at most one program per multiprocessor, so that a parameter's partial
-    # sums are programs × C, not tiles × C (Liger's RMSNorm backward does the same)
-    grid = (min(tiles[0], multiprocessor_count(x.device)),)
-    if param is None:
-        partial = stats  # not written: SIMPLE and ADANORM have no parameter
-    else:
-        partial = stats.new_empty((grid[0], n_cols) if kind == RMS.value else (grid[0],))
-    _backward_kernel[grid](gy, x, x if param is None else param, stats, dx, partial, n_rows, n_cols,
-                           eps, k, scale, KIND=kind, MEAN_GRAD=mean_grad, STD_GRAD=std_grad,
-                           BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
-    if param is None:
-        return dx, x.new_empty(0)
-    return dx, partial.sum(0).reshape(param.shape).to(param.dtype)
-
-
 @_backward.register_fake
 def _backward_fake(gy, x, param, stats, kind, eps, k, scale, mean_grad, std_grad):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty(0) if param is None else torch.empty_like(param))
 
 
-def _setup_context(ctx, inputs, output):
-    x, param, *options = inputs
-    ctx.save_for_backward(x, param, output[1])
-    ctx.options = options
-    ctx.mark_non_differentiable(output[1])
+class _PerTokenNorm(torch.autograd.Function):
+    """The two ops as one differentiable function of (x, param) returning the output."""
 
+    @staticmethod
+    def forward(ctx, x, param, *options):
+        y, stats = traced(_forward, forward_launches)(x, param, *options)
+        ctx.save_for_backward(x, param, stats)
+        ctx.options = options
+        return y
 
-def _autograd_backward(ctx, gy, _grad_stats):
-    x, param, stats = ctx.saved_tensors
-    dx, dparam = _backward(gy, x, param, stats, *ctx.options)
-    return dx, (None if param is None else dparam), None, None, None, None, None, None
-
-
-_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx, gy):
+        x, param, stats = ctx.saved_tensors
+        dx, dparam = traced(_backward, backward_launches)(gy, x, param, stats, *ctx.options)
+        return (dx, None if param is None else dparam) + (None,) * len(ctx.options)
 
 
 def per_token_norm(x: torch.Tensor, norm: str, eps: float, *, param: Optional[torch.Tensor] = None,
@@ -235,5 +240,5 @@ def per_token_norm(x: torch.Tensor, norm: str, eps: float, *, param: Optional[to
     ``param``: RMSNorm's weight or ScaleNorm's 0-dim g; ``k``, ``scale``: AdaNorm's k and C;
     ``mean_grad``/``std_grad`` False: DetachNorm's stop-gradient on μ / on s.
     """
-    y, _ = _forward(x, param, KINDS[norm], eps, k, scale, mean_grad, std_grad)
-    return y
+    check_width(norm, "triton", x.shape[-1], MAX_ROW_CHANNELS, "a token")
+    return _PerTokenNorm.apply(x, param, KINDS[norm], eps, k, scale, mean_grad, std_grad)
