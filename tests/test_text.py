@@ -338,3 +338,49 @@ def test_interactive_and_hub_translate_raw_text_to_detokenized_text(reproduced):
                                            data_name_or_path=str(dest), user_dir=USER_DIR, bpe="sentencepiece",
                                            sentencepiece_model=str(dest / "spm.model"))
     assert hub.translate(RAW_SENTENCE, beam=5, min_len=3) == detok
+
+
+# --- scoring: the raw references, not the binarized text ---------------------------------------------------------
+
+def fake_data(folder, refs):
+    (folder / "raw").mkdir(parents=True)
+    (folder / "raw" / "test.en").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    (folder / "prepare.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en"}), encoding="utf-8")
+    return folder
+
+
+def test_scores_detokenized_output_against_the_raw_references(tmp_path, monkeypatch):
+    """sacreBLEU and chrF of the H- lines against DATA/raw/test.en, not against the T- lines (SentencePiece's
+    NFKC-normalized text); fairseq-generate runs with --post-process sentencepiece and the data's languages."""
+    from normplug.recipes import load_config, scoring
+
+    refs = ["Das Büro hat 3 Räume.", "Oﬃce ½, Ｆlur!"]  # NFKC: "Office 1⁄2, Flur!"
+    data = fake_data(tmp_path / "bin", refs)
+    recipe = load_config(REPO / "configs" / "text" / "ln.yaml", data)
+    assert (recipe.source_lang, recipe.target_lang) == ("de", "en")  # null in the config: prepare.json's
+    generated = f"T-1\tOffice 1⁄2, Flur!\nH-1\t-0.2\t{refs[1]}\nT-0\t{refs[0]}\nH-0\t-0.1\t{refs[0]}\n"
+    argvs = []
+    monkeypatch.setattr(scoring, "run_checked", lambda argv, what, log: argvs.append(argv) or generated)
+    scores = scoring.score_translation(recipe, tmp_path / "checkpoint_best.pt", tmp_path, data=data,
+                                       log=lambda message: None)
+    assert scores["sacrebleu"] == 100.0 and scores["chrf"] == 100.0 and "tokenized_bleu" not in scores
+    argv = argvs[0]
+    assert argv[argv.index("--post-process") + 1] == "sentencepiece" and "--remove-bpe" not in argv
+    assert argv[argv.index("--source-lang") + 1] == "de" and argv[argv.index("--target-lang") + 1] == "en"
+    (data / "raw" / "test.en").write_text("one line\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="decoded 2 sentences .* has 1 lines"):
+        scoring.score_translation(recipe, tmp_path / "checkpoint_best.pt", tmp_path, data=data,
+                                  log=lambda message: None)
+
+
+def test_text_configs_need_a_prepare_text_folder(tmp_path):
+    from normplug.recipes import ConfigError, check_data, load_config
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    recipe = load_config(REPO / "configs" / "text" / "bn.yaml", plain)
+    with pytest.raises(ConfigError, match="source_lang and target_lang are null.*has none"):
+        check_data(recipe, plain)
+    data = fake_data(tmp_path / "bin", ["x"])
+    with pytest.raises(ConfigError, match="lacks dict.de.txt"):
+        check_data(load_config(REPO / "configs" / "text" / "bn.yaml", data), data)
