@@ -2,7 +2,7 @@
 process and its workers (their resident sets summed, sampled every 20 ms from /proc: Linux). Streaming keeps the
 peak flat: the larger corpus's peak should be within 1.3x the smaller's.
 
-    .venv/bin/python benchmarks/prepare_text.py [--sizes 50000 400000] [--workers 2] [--vocab-size 8000]
+    .venv/bin/python benchmarks/prepare_text.py [--sizes 50000 400000] [--workers 2] [--vocab-size 4000]
 
 Each size is the seed-1 synthetic corpus (scripts/synthetic.py) as raw text, encoded in a fresh process by the
 SentencePiece model trained once on the smaller corpus, its training pairs filtered as prepare-text.sh does.
@@ -69,7 +69,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs=2, default=[50000, 400000], help="training pairs of the two corpora")
     ap.add_argument("--workers", type=int, default=2, help="encoding processes (default %(default)s)")
-    ap.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece pieces (default %(default)s)")
+    ap.add_argument("--vocab-size", type=int, default=4000, help="SentencePiece pieces (default %(default)s)")
     ap.add_argument("--child", nargs=4, metavar=("MODEL", "PREFIX", "OUT", "WORKERS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
