@@ -268,11 +268,7 @@ def text(o):
         if held:
             sizes["valid"] = {"pairs": len(held), "from": f"{len(held)} pairs held out of --trainpref (seed {o.seed})"}
         for split in ("valid", "test") if o.validpref else ("test",):
-            pairs = zip(*(own_corpus.read_text(files[split][lang]) for lang in (src, tgt)))
-            with own_corpus.PairFiles(pieces / split, (src, tgt)) as coded, own_corpus.PairFiles(raw / split, (src, tgt)) as text_out:
-                for pair, encoded in own_corpus.encode_pairs(tmp / "spm.model", pairs, o.workers):
-                    text_out.write(pair)
-                    coded.write(encoded[:2])
+            encode_whole(tmp / "spm.model", files[split], pieces / split, raw / split, o.workers)
             sizes[split] = {"pairs": inputs[split]["pairs"], "from": f"--{split}pref"}
         log("step binarize: fairseq-preprocess --joined-dictionary")
         split_args = [a for s in SPLITS for a in (f"--{s}pref", str(pieces / s))]
@@ -292,14 +288,7 @@ def text(o):
             "script": o.command,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
         (tmp / "prepare.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
-        os.chmod(tmp, 0o755)  # mkdtemp's folder is private
-        old = dest.with_name(f".{dest.name}.old") if dest.exists() else None
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(dest, old)
-        os.rename(tmp, dest)
-        if old:
-            shutil.rmtree(old)
+        replace_folder(tmp, dest)
         kept = sizes["train"]
         log(f"done: {dest}: train {kept['pairs']} of {kept['input_pairs']} pairs (dropped: {kept['dropped']['length']} "
             f"by length, {kept['dropped']['ratio']} by ratio), valid {sizes['valid']['pairs']}, test "
@@ -308,13 +297,23 @@ def text(o):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def encode_whole(model, sides, pieces, raw, workers):
+    """A valid or test split ({lang: path} ``sides``) to PIECES.LANG, its raw text to RAW.LANG, every pair kept."""
+    pairs = zip(*map(own_corpus.read_text, sides.values()))
+    with own_corpus.PairFiles(pieces, sides) as coded, own_corpus.PairFiles(raw, sides) as text_out:
+        for pair, encoded in own_corpus.encode_pairs(model, pairs, workers):
+            text_out.write(pair)
+            coded.write(encoded[:2])
+
+
 def encode_train(model, sides, pieces, raw, held, limits, workers):
     """The training pairs to PIECES/train (filtered by ``limits``), those of ``held`` to PIECES/valid and RAW/valid
     (whole): the sizes."""
-    (src, tgt), dropped, kept, total = sides, {"length": 0, "ratio": 0}, 0, 0
-    pairs = zip(*(own_corpus.read_text(sides[lang]) for lang in (src, tgt)))
-    with own_corpus.PairFiles(pieces / "train", (src, tgt)) as train, own_corpus.PairFiles(pieces / "valid", (src, tgt)) as valid, \
-            own_corpus.PairFiles(raw / "valid", (src, tgt)) as valid_raw:
+    dropped, kept, total = {"length": 0, "ratio": 0}, 0, 0
+    pairs = zip(*map(own_corpus.read_text, sides.values()))
+    pair_files = own_corpus.PairFiles
+    with pair_files(pieces / "train", sides) as train, pair_files(pieces / "valid", sides) as valid, \
+            pair_files(raw / "valid", sides) as valid_raw:
         for i, (pair, (s, t, n_s, n_t)) in enumerate(own_corpus.encode_pairs(model, pairs, workers)):
             total += 1
             if i in held:
@@ -329,6 +328,18 @@ def encode_train(model, sides, pieces, raw, held, limits, workers):
         raise PrepareError(f"no training pair is left: {dropped['length']} outside --min-len {limits[0]} .. --max-len "
                            f"{limits[1]} pieces, {dropped['ratio']} over --ratio {limits[2]}")
     return {"pairs": kept, "input_pairs": total - len(held), "dropped": dropped}
+
+
+def replace_folder(tmp, dest):
+    """TMP becomes DEST, an older DEST removed only once the new one is in place."""
+    os.chmod(tmp, 0o755)  # mkdtemp's folder is private
+    old = dest.with_name(f".{dest.name}.old") if dest.exists() else None
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dest, old)
+    os.rename(tmp, dest)
+    if old:
+        shutil.rmtree(old)
 
 
 def versions():
@@ -451,7 +462,8 @@ def parse_text_options(argv):
     add("--sample-pairs", type=whole_number, default=500000,
         help="training pairs the SentencePiece model learns from, a seeded sample: memory bounded whatever the corpus "
              "(default %(default)s)")
-    add("--valid-size", type=whole_number, default=2000, help="pairs held out without --validpref (default %(default)s)")
+    add("--valid-size", type=whole_number, default=2000,
+        help="pairs held out without --validpref (default %(default)s)")
     add("--min-len", type=whole_number, default=1, help="training pairs with a side of fewer pieces are dropped "
         "(default %(default)s)")
     add("--max-len", type=whole_number, default=250, help="training pairs with a side of more pieces are dropped "

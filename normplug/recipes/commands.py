@@ -128,8 +128,8 @@ def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = N
                   extra: Sequence[str] = (), exe: bool = True) -> List[str]:
     """``fairseq-generate`` with the recipe's decoding settings."""
     ev = recipe.evaluate
-    flags = [*(["--source-lang", recipe.source_lang, "--target-lang", recipe.target_lang] if recipe.source_lang else []),
-             "--gen-subset", ev["gen_subset"],
+    languages = ["--source-lang", recipe.source_lang, "--target-lang", recipe.target_lang] if recipe.source_lang else []
+    flags = [*languages, "--gen-subset", ev["gen_subset"],
              # fairseq 0.12's batch_by_size drops the sentences that do not fill a multiple
              # of 8 at the end of a batch (30 test sentences: 24 decoded); 1 decodes them all
              "--required-batch-size-multiple", "1"]

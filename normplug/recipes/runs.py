@@ -245,9 +245,9 @@ EXPLANATION = """\
 Ours = the published metric computed as the paper did (BLEU: fairseq's scorer on the tokenized,
 BPE-removed output, compound-split for WMT; perplexity: on non-overlapping windows of the training
 length); on a corpus of scripts/prepare-text.sh (metric sacreBLEU), sacreBLEU of the detokenized
-output against the raw references. Δ = ours − published (BLEU ↑: positive beats the paper; perplexity
-↓: negative does). Also: sacreBLEU (below), chrF (sacrebleu's, on a prepare-text.sh corpus), or
-fairseq's sliding-window perplexity with `context` tokens before each window.
+output against the raw references. Δ = ours − published (BLEU ↑: positive beats the paper;
+perplexity ↓: negative does). Also: sacreBLEU (below), chrF (sacrebleu's, on a prepare-text.sh
+corpus), or fairseq's sliding-window perplexity with `context` tokens before each window.
 Status: `full` = the config as written; `modified (...)` = with extra fairseq-train arguments (fewer
 updates, several GPUs and so BN statistics per GPU...: not the paper's run); `not run`; `trained, not
 evaluated`; `interrupted` (a relaunch resumes it); `stale` = the config changed after the run, or the
@@ -281,7 +281,8 @@ def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict
     ckdir = out / recipe.training_name
     run = read_json(ckdir / RUN_RECORD)
     ours, metric_name, better = ("perplexity", "perplexity", "lower") if recipe.task != "translation" else \
-        ("sacrebleu", "sacreBLEU", "higher") if recipe.evaluate["raw_references"] else ("tokenized_bleu", "BLEU", "higher")
+        ("sacrebleu", "sacreBLEU", "higher") if recipe.evaluate["raw_references"] else \
+        ("tokenized_bleu", "BLEU", "higher")
     row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting, "norm": recipe.norm,
            "paper": recipe.paper, "metric": recipe.metric, "better": better, "metric_name": metric_name,
            "published": recipe.published, "evaluated": describe_choice(recipe),
@@ -333,9 +334,10 @@ def write_results(rows, out: Path) -> List[str]:
             chrf = f"; chrF `{r['chrf_signature']}`" if r.get("chrf_signature") else ""
             refs.setdefault(f"the {r['sacrebleu_references']} (`{r['sacrebleu_signature']}`{chrf})", []).append(
                 r["config"])
-    lines = ["# normplug: reproduction results", "", EXPLANATION, "", *table, "", "sacreBLEU: hypotheses detokenized by "
-             "sacremoses (tokenized corpora) or fairseq's --post-process sentencepiece (prepare-text.sh corpora), "
-             "against", *[f"- {k}: {', '.join(v)}" for k, v in refs.items()], "", "Papers:", "",
+    lines = ["# normplug: reproduction results", "", EXPLANATION, "", *table, "",
+             "sacreBLEU: hypotheses detokenized by sacremoses (tokenized corpora) or fairseq's --post-process "
+             "sentencepiece (prepare-text.sh corpora), against", *[f"- {k}: {', '.join(v)}" for k, v in refs.items()],
+             "", "Papers:", "",
              *[f"- {paper}" for paper in sorted({r["paper"] for r in rows})], ""]
     write_atomic(out / "results.md", "\n".join(lines))
     return table
