@@ -1,11 +1,13 @@
 """The demo behind ``make demo``: the whole pipeline on a toy task, CPU.
 
-1. corpus   seeded synthetic corpus (scripts/synthetic.py, seed 1), binarized (once)
+1. corpus   seeded synthetic corpus (scripts/synthetic.py, seed 1) written as raw text, prepared by
+            scripts/prepare-text.sh (a joint SentencePiece model of 4,000 pieces, fairseq-preprocess) (once)
 2. train    LN, BN and RBN Post-Norm Transformers (configs/demo/{ln,bn,rbn}.yaml) side by side, by the
             recipe driver's train() (normplug-recipe train)
-3. evaluate the driver's evaluate() on each final checkpoint: sacreBLEU and tokenized BLEU
+3. evaluate the driver's evaluate() on each final checkpoint: fairseq-generate --post-process sentencepiece,
+            sacreBLEU and chrF of the detokenized output against the raw references
 4. TID      normplug-tid's measurement and figure (OUT/tid-bn-vs-rbn.png) of the BN and RBN epoch checkpoints
-5. table    norm | BLEU | mean TID | var TID, printed and written to OUT/results.md
+5. table    norm | sacreBLEU | chrF | mean TID | var TID, printed and written to OUT/results.md
 
 Everything goes under --out (default demo-out/). A second run reuses the corpus and the finished
 trainings; --force redoes everything.
@@ -28,23 +30,29 @@ SCRIPTS = Path(__file__).resolve().parent
 KINDS = ("ln", "bn", "rbn")
 TID_KINDS = ("bn", "rbn")
 SEED = 1
+VOCAB_SIZE = 4000  # SentencePiece pieces, joint: the corpus has about 6,000 words (both sides)
 
 
-def build_corpus(out: Path, train_pairs: int, force: bool):
-    """The binarized corpus, and whether it was (re)built: runs on an older one are stale."""
-    raw, binary = out / "data" / "synthetic", out / "data-bin" / "synthetic"
+def build_corpus(out: Path, train_pairs: int, force: bool, workers: int):
+    """The prepared corpus, and whether it was (re)built: runs on an older one are stale."""
+    raw, binary = out / "data" / "synthetic-raw", out / "data-bin" / "synthetic"
     stamp, log = binary / "normplug-demo.json", out / "logs" / "corpus.log"
-    wanted = {"seed": SEED, "train": train_pairs, "valid": 500, "test": 500}
+    wanted = {"seed": SEED, "train": train_pairs, "valid": 500, "test": 500, "vocab_size": VOCAB_SIZE}
     if not force and stamp.exists() and json.loads(stamp.read_text()) == wanted:
         print(f"[corpus] {binary} already built (seed {SEED}, {train_pairs} training pairs): skipped")
         return binary, False
-    print(f"[corpus] generating {train_pairs} training pairs (seed {SEED}) and binarizing ...")
+    print(f"[corpus] generating {train_pairs} training pairs (seed {SEED}) as raw text; scripts/prepare-text.sh "
+          f"--vocab-size {VOCAB_SIZE} ...")
     log.parent.mkdir(parents=True, exist_ok=True)
-    rc, text = run_logged([sys.executable, str(SCRIPTS / "synthetic.py"), "--out", str(raw), "--seed", str(SEED),
-                           "--train", str(train_pairs), "--valid", "500", "--test", "500",
-                           "--binarize", str(binary)], log)
-    if rc != 0:
-        raise SystemExit(f"demo: corpus generation failed; see {log}\n{text[-2000:]}")
+    log.write_text("")
+    for argv in ([sys.executable, str(SCRIPTS / "synthetic.py"), "--out", str(raw), "--seed", str(SEED), "--raw",
+                  "--train", str(train_pairs), "--valid", "500", "--test", "500"],
+                 ["bash", str(SCRIPTS / "prepare-text.sh"), "--source-lang", "src", "--target-lang", "tgt",
+                  *[a for s in ("train", "valid", "test") for a in (f"--{s}pref", str(raw / s))],
+                  "--vocab-size", str(VOCAB_SIZE), "--destdir", str(binary), "--workers", str(workers), "--force"]):
+        rc, text = run_logged(argv, log, env={**os.environ, "PYTHON": sys.executable}, mode="a")
+        if rc != 0:
+            raise SystemExit(f"demo: preparing the corpus failed; see {log}\n{text[-2000:]}")
     write_atomic(stamp, json.dumps(wanted))
     return binary, True
 
@@ -78,18 +86,21 @@ def layer_means(results):  # [(epoch, mean TID, variance TID)], each averaged ov
 
 
 def write_table(out: Path, scores, tid_points):
-    """The demo's table (BLEU = sacreBLEU; TID of the final checkpoint), results.md and .csv."""
-    rows = [{"norm": kind.upper(), "bleu": scores[kind]["sacrebleu"], "tokenized_bleu": scores[kind]["tokenized_bleu"],
+    """The demo's table (sacreBLEU and chrF; TID of the final checkpoint), results.md and .csv."""
+    rows = [{"norm": kind.upper(), "sacrebleu": scores[kind]["sacrebleu"], "chrf": scores[kind]["chrf"],
              **dict(zip(("tid_mean", "tid_var"), tid_points[kind][-1][1:] if kind in tid_points else (None, None))),
              "checkpoint": scores[kind]["checkpoint"]} for kind in KINDS]
-    lines = ["| norm | BLEU | mean TID | var TID |", "|---|---|---|---|"]
-    lines += [f"| {r['norm']} | {fmt(r['bleu'], 1)} | {fmt(r['tid_mean'], 4)} | {fmt(r['tid_var'], 4)} |" for r in rows]
+    lines = ["| norm | sacreBLEU | chrF | mean TID | var TID |", "|---|---|---|---|---|"]
+    lines += [f"| {r['norm']} | {fmt(r['sacrebleu'], 1)} | {fmt(r['chrf'], 1)} | {fmt(r['tid_mean'], 4)} | "
+              f"{fmt(r['tid_var'], 4)} |" for r in rows]
     write_atomic(out / "results.md", "\n".join([
-        "# normplug demo results", "", "Synthetic corpus (scripts/synthetic.py, seed 1); small Post-Norm Transformers "
-        "trained on CPU (configs/demo/). BLEU = sacreBLEU on the test set (500 pairs); TID = training–inference "
-        "discrepancy of the final checkpoint on the valid split, averaged over the BN layers (LN has none).", "",
-        *lines, "", f"sacreBLEU signature: `{scores['ln']['sacrebleu_signature']}`", "",
-        "Tokenized BLEU (fairseq scorer): " + ", ".join(f"{r['norm']} {r['tokenized_bleu']:.1f}" for r in rows), ""]))
+        "# normplug demo results", "", "Synthetic corpus (scripts/synthetic.py, seed 1) as raw text, prepared by "
+        f"scripts/prepare-text.sh ({VOCAB_SIZE} SentencePiece pieces); small Post-Norm Transformers trained on CPU "
+        "(configs/demo/). sacreBLEU and chrF: the test set (500 pairs) decoded with fairseq-generate --post-process "
+        "sentencepiece, against the raw references; TID = training–inference discrepancy of the final checkpoint "
+        "on the valid split, averaged over the BN layers (LN has none).", "",
+        *lines, "", f"sacreBLEU signature: `{scores['ln']['sacrebleu_signature']}`",
+        f"chrF signature: `{scores['ln']['chrf_signature']}`", ""]))
     write_csv(out / "results.csv", rows, list(rows[0]))
     return lines
 
@@ -115,7 +126,7 @@ def main(argv=None):
     extra = ["--max-epoch", str(args.epochs)] if args.epochs else []
     configs = {kind: load_config(SCRIPTS.parent / "configs" / "demo" / f"{kind}.yaml") for kind in KINDS}
     print(f"normplug demo -> {out}  ({cores} cores)")
-    data, rebuilt = build_corpus(out, args.train_pairs, args.force)
+    data, rebuilt = build_corpus(out, args.train_pairs, args.force, cores)
     if rebuilt:
         for kind in KINDS:
             shutil.rmtree(out / kind, ignore_errors=True)
@@ -124,7 +135,8 @@ def main(argv=None):
         runs = {k: pool.submit(train_one, configs[k], out / k, data, extra, threads) for k in KINDS}
         train_seconds = {k: run.result() for k, run in runs.items()}
 
-    print("[eval] decoding the test set (beam 5) and scoring; [tid] TID of the BN/RBN epoch checkpoints (valid split)")
+    print("[eval] decoding the test set (beam 5, --post-process sentencepiece) and scoring; [tid] TID of the BN/RBN "
+          "epoch checkpoints (valid split)")
     with ThreadPoolExecutor(len(KINDS)) as pool:
         evals = {k: pool.submit(evaluate, configs[k], out / k, data, log=lambda msg: None) for k in KINDS}
         tids = {k: run_tid(out, data, configs[k], k) for k in TID_KINDS}  # meanwhile, in this thread
@@ -135,9 +147,11 @@ def main(argv=None):
     with atomic_path(str(out / "tid-bn-vs-rbn.png")) as tmp:
         tid.draw({k.upper(): tids[k] for k in TID_KINDS}, tmp, "valid")
 
-    print("\nFinal checkpoints; BLEU = sacreBLEU (test), TID on the valid split averaged over BN layers:\n")
+    print("\nFinal checkpoints; sacreBLEU and chrF of the detokenized test output against the raw references; TID "
+          "on the valid split averaged over BN layers:\n")
     print("\n".join(write_table(out, scores, tid_points))
-          + f"\n\nsacreBLEU signature: {scores['ln']['sacrebleu_signature']}")
+          + f"\n\nsacreBLEU signature: {scores['ln']['sacrebleu_signature']}\nchrF signature: "
+          f"{scores['ln']['chrf_signature']}")
     trained = ", ".join(f"{k} {v:.0f}s" for k, v in train_seconds.items())
     print(f"Time: {time.time() - t_start:.0f}s (training {trained}"
           + f")\nTable: {out / 'results.md'} (and .csv); figure: {out / 'tid-bn-vs-rbn.png'} (TID per layer over "

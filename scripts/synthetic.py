@@ -4,6 +4,7 @@ Only :class:`random.Random` with fixed seeds, no set or hash ordering: the same 
 byte-identical files on every Python; the lexicon (the "language pair") has a seed of its own.
 
     python scripts/synthetic.py --out data/synthetic --seed 1 [--binarize data/data-bin/synthetic]
+    python scripts/synthetic.py --out data/synthetic-raw --seed 1 --raw   # as raw text, for prepare-text.sh
 """
 import argparse
 import bisect
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import random
+import re
 from pathlib import Path
 
 # Source types per word class; comp: subordinating (a verb-final clause), conj: coordinating.
@@ -160,9 +162,15 @@ class Generator:
                 return " ".join(src), " ".join(tgt)
 
 
-def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500):
-    """Write ``{train,valid,test}.{src,tgt}`` (tokenized, lowercase) to out_dir; valid and test
-    share no source sentence with train or each other. Returns {split: pairs}."""
+def raw_line(line):
+    """A tokenized lowercase line as a corpus a user brings holds it: capitalised, punctuation attached."""
+    text = re.sub(r" ([,.?])", r"\1", line)
+    return text[:1].upper() + text[1:]
+
+
+def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500, raw=False):
+    """Write ``{train,valid,test}.{src,tgt}`` (tokenized, lowercase; ``raw``: as :func:`raw_line` writes them) to
+    out_dir; valid and test share no source sentence with train or each other. Returns {split: pairs}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gen = Generator(Lexicon(), seed)
@@ -178,7 +186,7 @@ def generate(out_dir, seed=1, n_train=20000, n_valid=500, n_test=500):
         for side, k in (("src", 0), ("tgt", 1)):
             tmp = out / f".{split}.{side}.tmp"
             with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                f.writelines(p[k] + "\n" for p in pairs)
+                f.writelines((raw_line(p[k]) if raw else p[k]) + "\n" for p in pairs)
             os.replace(tmp, out / f"{split}.{side}")
         counts[split] = n
     return counts
@@ -207,10 +215,14 @@ def main(argv=None):
     ap.add_argument("--train", type=int, default=20000, help="training pairs (default %(default)s)")
     ap.add_argument("--valid", type=int, default=500, help="validation pairs (default %(default)s)")
     ap.add_argument("--test", type=int, default=500, help="test pairs (default %(default)s)")
+    ap.add_argument("--raw", action="store_true", help="write raw text (capitalised, punctuation attached), as a "
+                    "corpus for scripts/prepare-text.sh")
     ap.add_argument("--binarize", metavar="BIN_DIR",
                     help="also run fairseq-preprocess --joined-dictionary into BIN_DIR")
     a = ap.parse_args(argv)
-    print(f"synthetic: wrote {generate(a.out, a.seed, a.train, a.valid, a.test)} to {a.out}", file=sys.stderr)
+    if a.raw and a.binarize:
+        ap.error("--binarize takes the tokenized text: prepare raw text with scripts/prepare-text.sh")
+    print(f"synthetic: wrote {generate(a.out, a.seed, a.train, a.valid, a.test, a.raw)} to {a.out}", file=sys.stderr)
     if a.binarize:
         binarize(a.out, a.binarize)
         print(f"synthetic: binarized into {a.binarize}", file=sys.stderr)

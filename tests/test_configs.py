@@ -19,7 +19,8 @@ from normplug.recipes import load_config
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 DEMO_CONFIGS = sorted((REPO / "configs" / "demo").glob("*.yaml"))
-ALL = CONFIGS + DEMO_CONFIGS
+TEXT_CONFIGS = sorted((REPO / "configs" / "text").glob("*.yaml"))  # a prepare-text.sh corpus
+ALL = CONFIGS + DEMO_CONFIGS + TEXT_CONFIGS
 
 
 def _id(path):
@@ -104,7 +105,7 @@ RBN_CRITERIA = {"label_smoothed_cross_entropy_rbn", "cross_entropy_rbn", "adapti
 @pytest.mark.parametrize("path", ALL, ids=_id)
 def test_config_is_complete(path):
     r = _recipe(path)
-    assert r.name == path.stem or path.parent.name == "demo"
+    assert r.name == path.stem or path.parent.name in ("demo", "text")
     assert r.provenance.endswith(".md") and (path.parent / r.provenance).is_file(), r.provenance
     assert r.paper and r.metric
     for key in REQUIRED_TRAIN[r.task]:
@@ -173,7 +174,7 @@ def test_run_files_hold_only_what_differs_from_their_base():
     from normplug.recipes.config import read_merged
 
     used = {}
-    for path in CONFIGS:
+    for path in CONFIGS + TEXT_CONFIGS:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
         base = (path.parent / raw["base"]).resolve()
         assert base.parent == (REPO / "configs" / "base").resolve(), raw["base"]

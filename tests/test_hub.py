@@ -11,6 +11,7 @@ import torch
 
 from conftest import REPO, USER_DIR, run_cli
 from test_lm_cli import lm_train_args
+from test_text import RAW_SENTENCE, reproduced_text
 from test_tid_tool import trained_bn_run
 
 from normplug.models.norm_transformer import NormTransformerModel
@@ -115,11 +116,14 @@ def readme_python():
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
-def test_readme_from_python_runs(bn_save, lm_checkpoint, lm_data, tiny_data, capsys):
-    """The README's code, with its checkpoint folders, data and sentences replaced by the tiny ones."""
+def test_readme_from_python_runs(tmp_path_factory, lm_checkpoint, lm_data, capsys):
+    """The README's code, with its checkpoint folders, data and sentences replaced by tiny ones: a BN (RBN) model
+    trained on a scripts/prepare-text.sh corpus (tests/test_text.py), raw text in and detokenized text out."""
+    _, text_data, text_runs = reproduced_text(tmp_path_factory)
     code = readme_python()
-    replace = {"demo-out/bn": bn_save, "demo-out/data-bin/synthetic": tiny_data,
-               "pföt meim maut hech li maut .": "w1 w2 w3 w4", "checkpoints/wang2022-ptb-post-rbn": lm_checkpoint,
+    replace = {"demo-out/bn": text_runs / "text-rbn", "demo-out/data-bin/synthetic": text_data,
+               "demo-out/data-bin/synthetic/spm.model": text_data / "spm.model",
+               "Pföt meim maut hech li maut.": RAW_SENTENCE, "checkpoints/wang2022-ptb-post-rbn": lm_checkpoint,
                "data/data-bin/ptb": lm_data, "the company said": "w1 w2 w3", "the company": "w1 w2"}
     for literal, value in replace.items():
         assert f'"{literal}"' in code, literal
@@ -127,4 +131,4 @@ def test_readme_from_python_runs(bn_save, lm_checkpoint, lm_data, tiny_data, cap
     capsys.readouterr()
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 3 and printed[2].startswith("w1 w2"), printed
+    assert len(printed) == 3 and printed[0] and "\u2581" not in printed[0] and printed[2].startswith("w1 w2"), printed

@@ -56,12 +56,12 @@ def run(args, extra) -> int:
                          table_only=args.cmd == "table", dry_run=dry, gpus=getattr(args, "gpus", 1))
     if args.cmd == "check":
         for path in args.configs:
-            recipe = load_config(path)
+            recipe = load_config(path, args.data)
             check_data(recipe, args.data)
             check_flags(recipe, train_argv(recipe, data=args.data, gpu=False, exe=False))
             print(f"{path}: ok ({recipe.name}, {recipe.train.get('arch')})")
         return 0
-    recipe = load_config(args.config)
+    recipe = load_config(args.config, args.data)
     if args.cmd == "train":
         extra = gpu_flags(recipe, args.gpus) + extra
     if args.cmd == "train" and dry:

@@ -78,8 +78,8 @@ def train_argv(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=No
     """The full ``fairseq-train`` command line of a recipe (``exe`` False: its arguments only): ``--cpu``
     without a GPU, else one GPU, as the papers trained (fairseq 0.12 takes every visible GPU unless told;
     ``--distributed-world-size N`` among the extra arguments spreads a run, its BN statistics per GPU)."""
-    languages = {"source-lang": [recipe.source_lang], "target-lang": [recipe.target_lang]} \
-        if recipe.task == "translation" else {}
+    languages = {f"{side}-lang": [lang] for side, lang in (("source", recipe.source_lang),
+                                                            ("target", recipe.target_lang)) if lang}
     flags = {"user-dir": [str(PLUGIN_DIR)], **languages, **merged_flags(recipe, extra)}
     flags.setdefault("save-dir", [str(save_dir or recipe.default_save_dir())])
     if "cpu" not in flags:
@@ -157,15 +157,15 @@ def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = N
                   extra: Sequence[str] = (), exe: bool = True) -> List[str]:
     """``fairseq-generate`` with the recipe's decoding settings."""
     ev = recipe.evaluate
-    flags = ["--source-lang", recipe.source_lang, "--target-lang", recipe.target_lang,
-             "--gen-subset", ev["gen_subset"],
+    languages = ["--source-lang", recipe.source_lang, "--target-lang", recipe.target_lang] if recipe.source_lang else []
+    flags = [*languages, "--gen-subset", ev["gen_subset"],
              # fairseq 0.12's batch_by_size drops the sentences that do not fill a multiple
              # of 8 at the end of a batch (30 test sentences: 24 decoded); 1 decodes them all
              "--required-batch-size-multiple", "1"]
     for key in ("beam", "lenpen", "max_len_a", "max_len_b", "batch_size"):
         flags += ["--" + key.replace("_", "-"), *_words(ev[key])]
-    if ev["remove_bpe"]:
-        flags += ["--remove-bpe", ev["remove_bpe"]]
+    if ev["remove_bpe"]:  # fairseq's --post-process, alias --remove-bpe (the papers' "@@ ")
+        flags += ["--post-process" if ev["remove_bpe"] == "sentencepiece" else "--remove-bpe", ev["remove_bpe"]]
     if ev["model_overrides"]:
         flags += ["--model-overrides", python_dict(ev["model_overrides"])]
     return _scoring_argv("fairseq-generate", recipe, checkpoint, data, gpu, extra, flags, exe)

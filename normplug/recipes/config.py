@@ -24,12 +24,15 @@ CHECKPOINT_CHOICES = tuple(CHECKPOINT_KEYS)
 TRANSLATION_EVALUATE_KEYS = {
     **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)), "beam": (REQUIRED, (int,)), "lenpen": (REQUIRED, (int, float)),
     "max_len_a": (REQUIRED, (int, float)), "max_len_b": (REQUIRED, (int,)), "batch_size": (128, (int,)),
-    "remove_bpe": (REQUIRED, (str, type(None))),    # fairseq --remove-bpe value; null = none
+    "remove_bpe": (REQUIRED, (str, type(None))),    # fairseq --remove-bpe value ("@@ ", sentencepiece); null = none
     "lowercase": (False, (bool,)),                  # lowercase hyps and refs (both BLEUs)
     "compound_split": (False, (bool,)),             # ##AT##-##AT## splitting (WMT)
     "model_overrides": (None, (dict, type(None))),  # fairseq-generate --model-overrides
     "detok_lang": (None, (str, type(None))),        # sacremoses language (default target_lang)
     "sacrebleu_test_set": (None, (str, type(None))),  # sacreBLEU's references (wmt14/full); null: the test set's
+    # scripts/prepare-text.sh data: hypotheses detokenized by --post-process sentencepiece, scored by sacreBLEU
+    # and chrF against the raw text it kept (DATA/raw/SPLIT.TGT); no tokenized BLEU
+    "raw_references": (False, (bool,)),
 }
 LM_EVALUATE_KEYS = {
     **CHECKPOINT_KEYS, "gen_subset": ("test", (str,)), "batch_size": (10, (int,)),  # windows a batch
@@ -37,7 +40,9 @@ LM_EVALUATE_KEYS = {
     # (length - context_window) tokens with the context_window tokens before them
     "context_window": (REQUIRED, (int,))}
 TASK_KEYS = {  # the fairseq tasks with recipes: their top-level keys and evaluate: keys
-    "translation": ({"source_lang": (REQUIRED, (str,)), "target_lang": (REQUIRED, (str,))}, TRANSLATION_EVALUATE_KEYS),
+    # null languages: those of the data folder's prepare.json (scripts/prepare-text.sh), read by load_config
+    "translation": ({"source_lang": (REQUIRED, (str, type(None))), "target_lang": (REQUIRED, (str, type(None)))},
+                    TRANSLATION_EVALUATE_KEYS),
     "language_modeling": ({}, LM_EVALUATE_KEYS)}
 RESERVED_TRAIN = {"user-dir": "the driver adds the plugin directory", "data": "use the top-level key data",
                   "save-dir": "chosen per run (--save-dir on the command line)",
@@ -156,8 +161,9 @@ def merge(base: dict, child: dict) -> dict:
     return out
 
 
-def load_config(path) -> "Recipe":
-    """Read one config and check what its format owns; fairseq's flags are fairseq's to check."""
+def load_config(path, data=None) -> "Recipe":
+    """Read one config and check what its format owns; fairseq's flags are fairseq's to check. ``data``: the data
+    folder that replaces the config's (--data), whose prepare.json gives the languages a config leaves null."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
@@ -187,6 +193,8 @@ def load_config(path) -> "Recipe":
     for key in ("average_last_epochs", "average_last_updates", "beam", "batch_size"):
         if ev.get(key) is not None and ev[key] < 1:
             raise ConfigError(f"{path}: evaluate: {key!r} must be >= 1, got {ev[key]}")
+    if name == "translation" and None in (top["source_lang"], top["target_lang"]):
+        top.update(data_languages(Path(data or top["data"])))
     top.update(evaluate=ev, path=path)
     top["published"] = None if top["published"] is None else float(top["published"])
     recipe = Recipe(**top)
@@ -194,10 +202,28 @@ def load_config(path) -> "Recipe":
     return recipe
 
 
+def data_languages(folder: Path) -> Dict[str, Optional[str]]:
+    """source_lang and target_lang of a data folder's prepare.json (none without one: check_data says so)."""
+    import json
+    try:
+        info = json.loads((folder / "prepare.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {key: info.get(key) for key in ("source_lang", "target_lang")}
+
+
+def raw_references_path(recipe: Recipe, folder) -> str:
+    """The raw text that scripts/prepare-text.sh kept of the evaluated split's target side."""
+    return str(Path(folder, "raw", f"{recipe.evaluate['gen_subset']}.{recipe.target_lang}"))
+
+
 def check_translation(recipe: Recipe):
     """sacreBLEU's language and references."""
     ev = recipe.evaluate
     ev["detok_lang"] = ev["detok_lang"] or recipe.target_lang
+    if ev["raw_references"] and ev["sacrebleu_test_set"] is not None:
+        raise ConfigError(f"{recipe.path}: evaluate: raw_references and sacrebleu_test_set both name the "
+                          "references: set one")
     if ev["sacrebleu_test_set"] is not None:
         from sacrebleu.dataset import DATASETS
         test_set, pair = ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}"

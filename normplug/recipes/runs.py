@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .commands import (check_flags, child_env, command_line, eval_lm_argv, flag_changes, generate_argv, gpu_flags,
                        merged_flags, recipe_changes, run_logged, split_extra, train_argv, write_atomic)
-from .config import CHECKPOINT_CHOICES, ConfigError, Recipe, load_config
+from .config import CHECKPOINT_CHOICES, ConfigError, Recipe, load_config, raw_references_path
 from .scoring import score_language_model, score_translation
 
 RUN_RECORD = "normplug-run.json"  # in a save dir: the flags, data, device and exit status of its run
@@ -55,6 +55,8 @@ def missing_data(recipe: Recipe, folder: Path) -> List[str]:
     wanted = [["dict.txt"]] + [[f"{s}.{e}"] for s in splits for e in ("bin", "idx")] if not src else \
         [[f"dict.{src}.txt"], [f"dict.{tgt}.txt"]] + [[f"{s}.{a}-{b}.{lang}.{e}" for a, b in ((src, tgt), (tgt, src))]
                                                       for s in splits for lang in (src, tgt) for e in ("bin", "idx")]
+    if recipe.evaluate.get("raw_references"):
+        wanted.append([raw_references_path(recipe, ".")])
     return [names[0] for names in wanted if not any((folder / name).is_file() for name in names)]
 
 
@@ -64,6 +66,10 @@ def check_data(recipe: Recipe, data=None):
     folder = recipe.data_path(data)
     if not folder.is_dir():
         raise ConfigError(f"{recipe.path}: data folder {folder} not found (prepare it, or pass --data DIR)")
+    if recipe.task == "translation" and None in (recipe.source_lang, recipe.target_lang):
+        raise ConfigError(f"{recipe.path}: source_lang and target_lang are null, to be read from the data folder's "
+                          f"prepare.json, and {folder} has none with both: pass --data DIR, a folder made by "
+                          "scripts/prepare-text.sh")
     manifest = folder / "prepare.json"
     if "remove_bpe" in recipe.evaluate and manifest.is_file():
         try:
@@ -239,16 +245,18 @@ def evaluate(recipe: Recipe, ckdir=None, data=None, checkpoint=None, extra_gener
 
 
 # scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
-SECOND_SCORES = ("sacrebleu", "sacrebleu_references", "sacrebleu_signature", "sliding_window_perplexity",
-                 "sliding_window_context")
+SECOND_SCORES = ("sacrebleu", "sacrebleu_references", "sacrebleu_signature", "chrf", "chrf_signature",
+                 "sliding_window_perplexity", "sliding_window_context")
 RESULT_COLUMNS = ["config", "dataset", "setting", "norm", "paper", "metric", "better", "published", "ours",
                   "delta", *SECOND_SCORES, "evaluated", "checkpoints_averaged", "train_seconds", "status"]
 ARROWS = {"higher": "↑", "lower": "↓"}
 EXPLANATION = """\
 Ours = the published metric computed as the paper did (BLEU: fairseq's scorer on the tokenized,
 BPE-removed output, compound-split for WMT; perplexity: on non-overlapping windows of the training
-length). Δ = ours − published (BLEU ↑: positive beats the paper; perplexity ↓: negative does). Also:
-sacreBLEU (below), or fairseq's sliding-window perplexity with `context` tokens before each window.
+length); on a corpus of scripts/prepare-text.sh (metric sacreBLEU), sacreBLEU of the detokenized
+output against the raw references. Δ = ours − published (BLEU ↑: positive beats the paper;
+perplexity ↓: negative does). Also: sacreBLEU (below), chrF (sacrebleu's, on a prepare-text.sh
+corpus), or fairseq's sliding-window perplexity with `context` tokens before each window.
 Status: `full` = the config as written; `modified (...)` = with extra fairseq-train arguments (fewer
 updates, several GPUs and so BN statistics per GPU...: not the paper's run); `not run`; `trained, not
 evaluated`; `interrupted` (a relaunch resumes it); `stale` = the config changed after the run, or the
@@ -283,8 +291,9 @@ def result_row(recipe: Recipe, out: Path, failure: Optional[str] = None) -> Dict
     """One table row from what a run left in ``out/<training name>`` (after a ``failure``: no old scores)."""
     ckdir = out / recipe.training_name
     run = read_json(ckdir / RUN_RECORD)
-    ours, metric_name, better = ("tokenized_bleu", "BLEU", "higher") if recipe.task == "translation" else \
-        ("perplexity", "perplexity", "lower")
+    ours, metric_name, better = ("perplexity", "perplexity", "lower") if recipe.task != "translation" else \
+        ("sacrebleu", "sacreBLEU", "higher") if recipe.evaluate["raw_references"] else \
+        ("tokenized_bleu", "BLEU", "higher")
     row = {"config": recipe.name, "dataset": recipe.dataset, "setting": recipe.setting, "norm": recipe.norm,
            "paper": recipe.paper, "metric": recipe.metric, "better": better, "metric_name": metric_name,
            "published": recipe.published, "evaluated": describe_choice(recipe),
@@ -304,6 +313,8 @@ def fmt(v, digits=2) -> str:
 
 
 def _second_score(row) -> str:
+    if row.get("chrf") is not None:
+        return f"chrF {row['chrf']:.2f}"
     if row.get("sacrebleu") is not None:
         return f"sacreBLEU {row['sacrebleu']:.2f}"
     if row.get("sliding_window_perplexity") is not None:
@@ -331,9 +342,13 @@ def write_results(rows, out: Path) -> List[str]:
     refs = {}  # the references and signature of each sacreBLEU: the rows scored with them
     for r in rows:
         if r.get("sacrebleu_references"):
-            refs.setdefault(f"the {r['sacrebleu_references']} (`{r['sacrebleu_signature']}`)", []).append(r["config"])
-    lines = ["# normplug: reproduction results", "", EXPLANATION, "", *table, "", "sacreBLEU: sacremoses-detokenized "
-             "hypotheses against", *[f"- {k}: {', '.join(v)}" for k, v in refs.items()], "", "Papers:", "",
+            chrf = f"; chrF `{r['chrf_signature']}`" if r.get("chrf_signature") else ""
+            refs.setdefault(f"the {r['sacrebleu_references']} (`{r['sacrebleu_signature']}`{chrf})", []).append(
+                r["config"])
+    lines = ["# normplug: reproduction results", "", EXPLANATION, "", *table, "",
+             "sacreBLEU: hypotheses detokenized by sacremoses (tokenized corpora) or fairseq's --post-process "
+             "sentencepiece (prepare-text.sh corpora), against", *[f"- {k}: {', '.join(v)}" for k, v in refs.items()],
+             "", "Papers:", "",
              *[f"- {paper}" for paper in sorted({r["paper"] for r in rows})], ""]
     write_atomic(out / "results.md", "\n".join(lines))
     return table
@@ -354,7 +369,7 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     left there; ``dry_run``: print the commands, touch nothing; ``gpus``: see :func:`gpu_flags`);
     results.md / results.csv in ``out``. Returns an exit status."""
     out = Path(out)
-    recipes = [load_config(p) for p in config_paths]  # every config is checked before any work
+    recipes = [load_config(p, data) for p in config_paths]  # every config is checked before any work
     extras = {r.name: gpu_flags(r, gpus) + list(extra) for r in recipes}
     if table_only and extra:
         raise ConfigError(f"table trains nothing: extra fairseq-train arguments ({' '.join(extra)}) have no effect")

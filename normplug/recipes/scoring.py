@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .commands import eval_lm_argv, generate_argv, run_checked
-from .config import Recipe
+from .config import Recipe, raw_references_path
 
 
 def parse_generate(text: str) -> Tuple[List[str], List[str]]:
@@ -90,13 +90,34 @@ def score(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str],
             "sacrebleu_references": label}
 
 
+def score_detokenized(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str], label: str) -> Dict[str, object]:
+    """sacreBLEU (its tokenizer for the target language) and chrF of detokenized hypotheses against raw references."""
+    from sacrebleu.metrics import BLEU, CHRF
+    if len(refs) != len(hyps):
+        raise RuntimeError(f"fairseq-generate decoded {len(hyps)} sentences of the {recipe.evaluate['gen_subset']} "
+                           f"split, and {label} has {len(refs)} lines: not the text of that split")
+    bleu, chrf = BLEU(trg_lang=recipe.target_lang), CHRF()
+    return {"sacrebleu": round(bleu.corpus_score(hyps, [list(refs)]).score, 2),
+            "sacrebleu_signature": str(bleu.get_signature()), "sacrebleu_references": label,
+            "chrf": round(chrf.corpus_score(hyps, [list(refs)]).score, 2), "chrf_signature": str(chrf.get_signature())}
+
+
 def score_translation(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, extra=(), log=print):
-    """Decode the test set with fairseq-generate and score it (:func:`score`)."""
+    """Decode the test set with fairseq-generate and score it (:func:`score`; :func:`score_detokenized` against
+    the raw references of a scripts/prepare-text.sh corpus)."""
     test_set = recipe.evaluate["sacrebleu_test_set"]  # fetched before decoding: offline fails at once
     official = official_references(test_set, f"{recipe.source_lang}-{recipe.target_lang}") if test_set else None
     argv = generate_argv(recipe, checkpoint, data=data, extra=extra)
     log("$ " + shlex.join(argv))
     hyps, refs = parse_generate(run_checked(argv, "fairseq-generate", ckdir / f"generate-{recipe.name}.txt"))
+    if recipe.evaluate["raw_references"]:
+        path = Path(raw_references_path(recipe, recipe.data_path(data)))
+        with open(path, encoding="utf-8", newline="\n") as f:
+            raw = [line[:-1] if line.endswith("\n") else line for line in f]
+        scores = {"sentences": len(hyps), **score_detokenized(recipe, hyps, raw, f"raw references {path}")}
+        log(f"{recipe.name}: sacreBLEU {scores['sacrebleu']:.2f} {scores['sacrebleu_signature']}; chrF "
+            f"{scores['chrf']:.2f} {scores['chrf_signature']} (against {path})")
+        return scores
     scores = {"sentences": len(hyps), **score(recipe, hyps, refs, official)}
     log(f"{recipe.name}: tokenized BLEU {scores['tokenized_bleu']:.2f} ({scores['tokenized_bleu_detail']})")
     log(f"{recipe.name}: sacreBLEU {scores['sacrebleu']:.2f} on the {scores['sacrebleu_references']}  "
