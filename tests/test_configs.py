@@ -390,10 +390,25 @@ def test_dry_run_builds_and_runs_model_and_criterion(path, tiny_tasks, tmp_path)
 
 
 @pytest.mark.slow
+def test_fairseq_train_configuration_of_every_config(tiny_data, lm_data, tmp_path):
+    """fairseq-train turns the parsed arguments into its hydra configuration before it builds
+    anything: every config's command survives that step and builds its model and criterion."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    for path in ALL:
+        r = _recipe(path)
+        args = _parse(_tiny_argv(r, tiny_data if r.task == "translation" else lm_data, save_dir=tmp_path))
+        cfg = convert_namespace_to_omegaconf(args)
+        task = tasks.setup_task(cfg.task)
+        assert task.build_model(cfg.model) is not None and task.build_criterion(cfg.criterion) is not None
+
+
+@pytest.mark.slow
 def test_the_driver_s_check_passes_every_config_at_full_size(tiny_data, lm_data, tmp_path):
-    """`normplug-recipe check` turns each config's arguments into fairseq-train's hydra configuration and builds
-    its task, full-size model and criterion from it as fairseq-train does (on the meta device): none is
-    refused, on the tiny corpora (their languages, and adaptive-softmax bands that fit their dictionary)."""
+    """`normplug-recipe check` builds each config's task, full-size model and criterion as fairseq-train would
+    (on the meta device): none is refused, on the tiny corpora (their languages, and adaptive-softmax bands
+    that fit their dictionary)."""
     for path in ALL:
         r = _recipe(path)
         extra = TINY_EXTRA[r.task][-4:] if r.task == "translation" else []  # --source-lang src --target-lang tgt

@@ -110,10 +110,8 @@ STOPPING_RULES = ("max-epoch", "max-update")
 def check_flags(recipe: Recipe, argv: Sequence[str]):
     """Refuse, in one line naming the config, what fairseq-train would refuse of ``argv`` (no executable) or
     train nothing with: its parser, a stopping rule <= 0, more GPUs than visible, and the plugin's checks of
-    the task, model and criterion it builds from its hydra configuration, as fairseq-train does (built here
-    on the meta device: shapes only, no data read)."""
+    the task, model and criterion it builds (built here on the meta device: shapes only, no data read)."""
     from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     err = io.StringIO()
     with _FAIRSEQ_PARSER, contextlib.redirect_stderr(err):
         logging.disable(logging.INFO)  # "--user-dir ... has already been imported"
@@ -122,11 +120,10 @@ def check_flags(recipe: Recipe, argv: Sequence[str]):
             check_stopping_rules(args, argv)
             if args.distributed_init_method is None:  # workers started by hand (gloo on CPUs) name theirs
                 check_visible_gpus(args.distributed_world_size, "--distributed-world-size")
-            cfg = convert_namespace_to_omegaconf(args)
-            task = tasks.setup_task(cfg.task)
+            task = tasks.setup_task(args)
             with torch.device("meta"):
-                task.build_model(cfg.model)
-                task.build_criterion(cfg.criterion)
+                task.build_model(args)
+                task.build_criterion(args)
         except SystemExit:
             said = (err.getvalue().strip().splitlines() or ["exited"])[-1].split(": error: ", 1)[-1]
             raise ConfigError(f"{recipe.path}: fairseq-train refuses its arguments: {said}") from None
