@@ -7,7 +7,7 @@ setup:
 	@bash scripts/setup-env.sh
 
 test: setup
-	$(PY) -m pytest -q -n auto tests
+	$(PY) -m pytest -q -n auto --dist loadgroup tests
 
 demo: setup
 	PYTHONWARNINGS=ignore $(PY) scripts/demo.py

@@ -11,7 +11,7 @@ import torch
 
 from conftest import REPO, USER_DIR, run_cli
 from test_lm_cli import lm_train_args
-from test_text import RAW_SENTENCE, reproduced_text
+from test_text import OWN_CORPUS, RAW_SENTENCE, reproduced_text
 from test_tid_tool import trained_bn_run
 
 from normplug.models.norm_transformer import NormTransformerModel
@@ -116,6 +116,7 @@ def readme_python():
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
+@OWN_CORPUS
 def test_readme_from_python_runs(tmp_path_factory, lm_checkpoint, lm_data, capsys):
     """The README's code, with its checkpoint folders, data and sentences replaced by tiny ones: a BN (RBN) model
     trained on a scripts/prepare-text.sh corpus (tests/test_text.py), raw text in and detokenized text out."""

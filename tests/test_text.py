@@ -200,6 +200,11 @@ def prepared_text(tmp_path_factory):
     return _MADE["prepared"]
 
 
+# the tests of one prepared corpus and its trained run: on one pytest-xdist worker (make test's --dist
+# loadgroup), which prepares and trains once
+OWN_CORPUS = pytest.mark.xdist_group("own_corpus")
+
+
 def reproduced_text(tmp_path_factory):
     """`normplug-recipe reproduce configs/text/rbn.yaml --data DEST --out OUT -- <tiny model, 20 updates>`, once per
     session (the other configs differ in their arch and criterion only): (raw, dest, out)."""
@@ -233,6 +238,7 @@ def binarized_pieces(dest, split, lang):
     return [d.string(data[i]) for i in range(len(data))]
 
 
+@OWN_CORPUS
 @pytest.mark.slow
 @needs_fairseq
 def test_prepare_text_filters_train_only_and_keeps_the_raw_references(prepared):
@@ -293,6 +299,7 @@ def test_prepare_text_holds_out_valid_from_gzipped_train(tmp_path):
     assert len(binarized_pieces(dest, "train", "de")) == info["sizes"]["train"]["pairs"]
 
 
+@OWN_CORPUS
 @pytest.mark.slow
 @needs_fairseq
 def test_reproduce_scores_sacrebleu_and_chrf_of_detokenized_output(reproduced):
@@ -317,6 +324,7 @@ def test_reproduce_scores_sacrebleu_and_chrf_of_detokenized_output(reproduced):
     assert "chrF `" in table and "--post-process sentencepiece" in table
 
 
+@OWN_CORPUS
 @pytest.mark.slow
 @needs_fairseq
 def test_interactive_and_hub_translate_raw_text_to_detokenized_text(reproduced):
