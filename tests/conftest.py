@@ -286,6 +286,19 @@ def prepare(capsys):
 
 
 @pytest.fixture
+def terminal_sigint():
+    """SIGINT handled as in a terminal's foreground job. A runner started in the background by a shell
+    without job control (``cmd &``, nohup) ignores SIGINT, and so would every child it starts: Python then
+    installs no KeyboardInterrupt handler. A handled signal is reset to the default on exec, an ignored one
+    is not, so the processes a test starts get ^C as a terminal delivers it."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def unpublished(monkeypatch):
     """No published size or checksum, so that small archives can stand for the real sources."""
     import fetch

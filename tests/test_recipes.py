@@ -529,7 +529,7 @@ def test_without_fairseq_one_line_names_the_install_command(tmp_path, monkeypatc
     assert recipes.main(["table", str(good), "--out", str(tmp_path / "out")]) == 0  # reading needs no fairseq
 
 
-def test_ctrl_c_stops_the_child_and_keeps_its_last_words_in_the_log(tmp_path):
+def test_ctrl_c_stops_the_child_and_keeps_its_last_words_in_the_log(tmp_path, terminal_sigint):
     """^C sent to the driver alone (``kill -INT``) stops its child too; what the child says then goes
     to the log, not to the terminal (tests/test_reproduce.py: ^C from a terminal, end to end)."""
     import time

@@ -234,7 +234,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
 
 
 @pytest.mark.slow
-def test_ctrl_c_leaves_a_run_that_a_relaunch_resumes(tiny_data, tmp_path):
+def test_ctrl_c_leaves_a_run_that_a_relaunch_resumes(tiny_data, tmp_path, terminal_sigint):
     """^C (SIGINT to the process group, as a terminal sends it) after the first checkpoint: one line,
     exit status 130, the table says interrupted; the same command resumes from checkpoint_last.pt."""
     import signal
