@@ -6,8 +6,9 @@ PY := .venv/bin/python
 setup:
 	@bash scripts/setup-env.sh
 
+# --dist loadscope: a module's tests on one worker, so that its trained runs (module fixtures) are made once
 test: setup
-	$(PY) -m pytest -q -n auto --dist loadgroup tests
+	$(PY) -m pytest -q -n auto --dist loadscope tests
 
 demo: setup
 	PYTHONWARNINGS=ignore $(PY) scripts/demo.py

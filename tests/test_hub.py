@@ -2,16 +2,14 @@
 ``TransformerLanguageModel`` ``.from_pretrained(..., user_dir=<normplug>)`` load the plugin's
 model in eval mode, every BN layer normalising with its population statistics, so that
 ``.translate``, ``.score`` and ``.sample`` give a sentence the same result alone and in a
-batch, and ``.score`` gives the model's own log-probabilities; and the README's "From
-Python" code runs as written."""
-import re
+batch, and ``.score`` gives the model's own log-probabilities. (The README's "From Python"
+code runs in tests/test_text.py, on the scripts/prepare-text.sh corpus its model is trained on.)"""
 
 import pytest
 import torch
 
-from conftest import REPO, USER_DIR, run_cli
+from conftest import USER_DIR, run_cli
 from test_lm_cli import lm_train_args
-from test_text import OWN_CORPUS, RAW_SENTENCE, reproduced_text
 from test_tid_tool import trained_bn_run
 
 from normplug.models.norm_transformer import NormTransformerModel
@@ -107,29 +105,3 @@ def test_score_and_sample_in_eval_mode_with_population_statistics(language_model
         assert text.split()[:len(prefix.split())] == prefix.split()
         assert all(word in lm.tgt_dict.indices for word in text.split())
     assert lm.sample(prefixes, beam=1, max_len_b=6) == sampled
-
-
-def readme_python():
-    """The code block of the README's "From Python" section."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("\n### From Python\n"):]
-    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
-
-
-@OWN_CORPUS
-def test_readme_from_python_runs(tmp_path_factory, lm_checkpoint, lm_data, capsys):
-    """The README's code, with its checkpoint folders, data and sentences replaced by tiny ones: a BN (RBN) model
-    trained on a scripts/prepare-text.sh corpus (tests/test_text.py), raw text in and detokenized text out."""
-    _, text_data, text_runs = reproduced_text(tmp_path_factory)
-    code = readme_python()
-    replace = {"demo-out/bn": text_runs / "text-rbn", "demo-out/data-bin/synthetic": text_data,
-               "demo-out/data-bin/synthetic/spm.model": text_data / "spm.model",
-               "Pföt meim maut hech li maut.": RAW_SENTENCE, "checkpoints/wang2022-ptb-post-rbn": lm_checkpoint,
-               "data/data-bin/ptb": lm_data, "the company said": "w1 w2 w3", "the company": "w1 w2"}
-    for literal, value in replace.items():
-        assert f'"{literal}"' in code, literal
-        code = code.replace(f'"{literal}"', repr(str(value)))
-    capsys.readouterr()
-    exec(compile(code, "README.md", "exec"), {})
-    printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 3 and printed[0] and "\u2581" not in printed[0] and printed[2].startswith("w1 w2"), printed

@@ -1,7 +1,7 @@
 """A researcher's own corpus: scripts/prepare-text.sh on raw text the tests write (capitals, punctuation, digits,
 umlauts and accents, an empty line, an over-long pair), its refusals, then `normplug-recipe reproduce
 configs/text/rbn.yaml --data DIR` (a tiny model, 20 updates), the table's sacreBLEU and chrF, and a raw sentence
-translated by fairseq-interactive --bpe sentencepiece and by the hub. The filter and the scores are checked against
+translated by fairseq-interactive --bpe sentencepiece, by the hub and by the README's "From Python" code. The filter and the scores are checked against
 the sentencepiece and sacrebleu packages called here, the kept pairs against the rule written out in the test."""
 import gzip
 import json
@@ -16,6 +16,7 @@ import pytest
 import own_corpus
 import prepare as prepare_script
 from conftest import REPO, TINY_MODEL, USER_DIR, needs_fairseq, run_cli
+from test_lm_cli import lm_train_args
 
 # source word -> target word: a toy German -> English lexicon with umlauts, ß and accents on both sides
 LEXICON = {"der": "the", "bär": "bear", "straße": "street", "über": "over", "mädchen": "girl", "schön": "nice",
@@ -183,50 +184,30 @@ def test_sample_is_seeded_uniform_and_skips_held_out_pairs(tmp_path):
 
 # --- end to end ---------------------------------------------------------------------------------------------------
 
-_MADE = {}
-
-
-def prepared_text(tmp_path_factory):
-    """RAW/ prepared by scripts/prepare-text.sh (the shell script, 2 workers), once per session: (raw, dest)."""
-    if "prepared" not in _MADE:
-        root = tmp_path_factory.mktemp("own_corpus")
-        raw, dest = write_raw_corpus(root / "raw"), root / "bin"
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare-text.sh"), "-s", "de", "-t", "en",
-                               "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--testpref",
-                               str(raw / "test"), "--vocab-size", "80", "--destdir", str(dest), "--workers", "2"],
-                              capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        _MADE["prepared"] = raw, dest
-    return _MADE["prepared"]
-
-
-# the tests of one prepared corpus and its trained run: on one pytest-xdist worker (make test's --dist
-# loadgroup), which prepares and trains once
-OWN_CORPUS = pytest.mark.xdist_group("own_corpus")
-
-
-def reproduced_text(tmp_path_factory):
-    """`normplug-recipe reproduce configs/text/rbn.yaml --data DEST --out OUT -- <tiny model, 20 updates>`, once per
-    session (the other configs differ in their arch and criterion only): (raw, dest, out)."""
-    if "reproduced" not in _MADE:
-        raw, dest = prepared_text(tmp_path_factory)
-        out = tmp_path_factory.mktemp("own_runs")
-        run_cli("normplug-recipe", "reproduce", REPO / "configs" / "text" / "rbn.yaml", "--data", dest, "--out", out,
-                "--", *TINY_MODEL,
-                "--max-update", "20", "--max-tokens", "500", "--warmup-updates", "5", "--lr", "0.003",
-                "--num-workers", "0", "--data-buffer-size", "0", cwd=REPO)
-        _MADE["reproduced"] = raw, dest, out
-    return _MADE["reproduced"]
-
-
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    return prepared_text(tmp_path_factory)
+    """RAW/ prepared by scripts/prepare-text.sh (the shell script, 2 workers): (raw, dest)."""
+    root = tmp_path_factory.mktemp("own_corpus")
+    raw, dest = write_raw_corpus(root / "raw"), root / "bin"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare-text.sh"), "-s", "de", "-t", "en",
+                           "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--testpref",
+                           str(raw / "test"), "--vocab-size", "80", "--destdir", str(dest), "--workers", "2"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return raw, dest
 
 
 @pytest.fixture(scope="module")
-def reproduced(tmp_path_factory):
-    return reproduced_text(tmp_path_factory)
+def reproduced(prepared, tmp_path_factory):
+    """`normplug-recipe reproduce configs/text/rbn.yaml --data DEST --out OUT -- <tiny model, 20 updates>` (the other
+    configs differ in their arch and criterion only): (raw, dest, out)."""
+    raw, dest = prepared
+    out = tmp_path_factory.mktemp("own_runs")
+    run_cli("normplug-recipe", "reproduce", REPO / "configs" / "text" / "rbn.yaml", "--data", dest, "--out", out,
+            "--", *TINY_MODEL,
+            "--max-update", "20", "--max-tokens", "500", "--warmup-updates", "5", "--lr", "0.003",
+            "--num-workers", "0", "--data-buffer-size", "0", cwd=REPO)
+    return raw, dest, out
 
 
 def binarized_pieces(dest, split, lang):
@@ -238,7 +219,6 @@ def binarized_pieces(dest, split, lang):
     return [d.string(data[i]) for i in range(len(data))]
 
 
-@OWN_CORPUS
 @pytest.mark.slow
 @needs_fairseq
 def test_prepare_text_filters_train_only_and_keeps_the_raw_references(prepared):
@@ -299,7 +279,6 @@ def test_prepare_text_holds_out_valid_from_gzipped_train(tmp_path):
     assert len(binarized_pieces(dest, "train", "de")) == info["sizes"]["train"]["pairs"]
 
 
-@OWN_CORPUS
 @pytest.mark.slow
 @needs_fairseq
 def test_reproduce_scores_sacrebleu_and_chrf_of_detokenized_output(reproduced):
@@ -324,7 +303,6 @@ def test_reproduce_scores_sacrebleu_and_chrf_of_detokenized_output(reproduced):
     assert "chrF `" in table and "--post-process sentencepiece" in table
 
 
-@OWN_CORPUS
 @pytest.mark.slow
 @needs_fairseq
 def test_interactive_and_hub_translate_raw_text_to_detokenized_text(reproduced):
@@ -347,6 +325,36 @@ def test_interactive_and_hub_translate_raw_text_to_detokenized_text(reproduced):
                                            data_name_or_path=str(dest), user_dir=USER_DIR, bpe="sentencepiece",
                                            sentencepiece_model=str(dest / "spm.model"))
     assert hub.translate(RAW_SENTENCE, beam=5, min_len=3) == detok
+
+
+def readme_python():
+    """The code block of the README's "From Python" section."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("\n### From Python\n"):]
+    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+@pytest.mark.slow
+@needs_fairseq
+def test_readme_from_python_runs(reproduced, lm_data, tmp_path, capsys):
+    """The README's code, with its checkpoint folders, data and sentences replaced by tiny ones: a BN (RBN) model
+    trained on a scripts/prepare-text.sh corpus (tests/test_text.py), raw text in and detokenized text out."""
+    _, text_data, text_runs = reproduced
+    lm_checkpoint = tmp_path / "lm"  # and a BN language model of a few updates on the tiny LM corpus
+    run_cli("fairseq-train", *lm_train_args(lm_data, lm_checkpoint, "transformer_lm_ptb_bn", "--criterion",
+                                              "cross_entropy_rbn"))
+    code = readme_python()
+    replace = {"demo-out/bn": text_runs / "text-rbn", "demo-out/data-bin/synthetic": text_data,
+               "demo-out/data-bin/synthetic/spm.model": text_data / "spm.model",
+               "Pföt meim maut hech li maut.": RAW_SENTENCE, "checkpoints/wang2022-ptb-post-rbn": lm_checkpoint,
+               "data/data-bin/ptb": lm_data, "the company said": "w1 w2 w3", "the company": "w1 w2"}
+    for literal, value in replace.items():
+        assert f'"{literal}"' in code, literal
+        code = code.replace(f'"{literal}"', repr(str(value)))
+    capsys.readouterr()
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and printed[0] and "\u2581" not in printed[0] and printed[2].startswith("w1 w2"), printed
 
 
 # --- scoring: the raw references, not the binarized text ---------------------------------------------------------
