@@ -263,6 +263,16 @@ def tokenize_file(inp, out, lang, moses="current", aggressive=False, norm=False,
 
 # --- mosesdecoder scripts/training/clean-corpus-n.perl ----------------------------------
 
+def length_rule(fc, ec, min_len, max_len, ratio):
+    """clean-corpus-n.perl's rule on a pair's token counts (at least one each): "length" (a side outside
+    MIN_LEN..MAX_LEN), "ratio" (a side more than RATIO times longer than the other), or None (kept)."""
+    if ec > max_len or fc > max_len or ec < min_len or fc < min_len:
+        return "length"
+    if ec / fc > ratio or fc / ec > ratio:
+        return "ratio"
+    return None
+
+
 def clean_pairs(pairs, min_len, max_len, ratio=9.0, max_word_length=1000):
     """clean-corpus-n.perl [-ratio R] corpus src tgt out MIN MAX over (src, tgt) pairs: yields the kept pairs,
     *normalized* as the perl script writes them ('|' removed unless the first pair has one, whitespace runs to one
@@ -286,10 +296,7 @@ def clean_pairs(pairs, min_len, max_len, ratio=9.0, max_word_length=1000):
         f, e = norm(f), norm(e)
         if not f or not e:
             continue
-        fc, ec = len(f.split(" ")), len(e.split(" "))
-        if ec > max_len or fc > max_len or ec < min_len or fc < min_len:
-            continue
-        if ec / fc > ratio or fc / ec > ratio:
+        if length_rule(len(f.split(" ")), len(e.split(" ")), min_len, max_len, ratio):
             continue
         if long_word.search(e) or long_word.search(f):
             continue

@@ -88,7 +88,8 @@ def check_inputs(files):
 
 def sample_pairs(src, tgt, size, seed, skip=frozenset()):
     """A seeded uniform sample of SIZE training pairs (reservoir sampling: memory for SIZE pairs, whatever the corpus)
-    -> its sentences, both sides; pairs whose index is in ``skip`` (held out for validation) are never drawn."""
+    -> its sentences, both sides; pairs whose index is in ``skip`` (held out for validation) are never drawn.
+    SentencePiece's own input_sentence_size samples sentences, not pairs, so it could not skip those."""
     rng, kept, seen = random.Random(seed), [], 0
     for i, pair in enumerate(zip(read_text(src), read_text(tgt))):
         if i in skip:
@@ -140,17 +141,6 @@ def train_model(prefix, sentences, vocab_size, model_type, character_coverage, t
                                f"training text need (--character-coverage {character_coverage}); the smallest that "
                                f"works is {m[2]}") from None
         raise PrepareError(f"sentencepiece could not train: {' '.join(str(e).split())}") from None
-
-
-def drop_reason(n_src, n_tgt, min_len, max_len, ratio):
-    """Why a training pair of N_SRC and N_TGT pieces is dropped (None: kept): clean-corpus-n.perl's rule on pieces, as
-    fairseq's spm_encode.py --min-len/--max-len counts them: a side outside MIN_LEN..MAX_LEN, or more than RATIO times
-    longer than the other."""
-    if min(n_src, n_tgt) < min_len or max(n_src, n_tgt) > max_len:
-        return "length"
-    if n_src > ratio * n_tgt or n_tgt > ratio * n_src:
-        return "ratio"
-    return None
 
 
 _PROCESSORS = {}

@@ -6,13 +6,11 @@ in text() and own_corpus.py.
 """
 import argparse
 import collections
-import datetime
 import inspect
 import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,8 +19,8 @@ from pathlib import Path
 import corpus_formats as formats
 import own_corpus
 from fetch import digest, fetch
-from moses import clean_corpus, lowercase_file
-from steps import BPE, REMOVE_BPE, SPLITS, Preparation
+from moses import clean_corpus, length_rule, lowercase_file
+from steps import BPE, REMOVE_BPE, SPLITS, Preparation, preprocess_exe, run_preprocess, write_manifest
 from textfiles import PrepareError, concat, count_lines, iter_lines, link, write_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -236,10 +234,15 @@ def text(o):
     the raw valid and test text (DESTDIR/raw/, the references of sacreBLEU) and prepare.json. Everything is made in a
     temporary folder beside DESTDIR, renamed to it at the end: a refused or failed run leaves nothing."""
     src, tgt, dest = o.source_lang, o.target_lang, o.destdir
+    if dest.exists() and not dest.is_dir():
+        raise PrepareError(f"--destdir {dest} is a file: name a folder")
     if dest.exists() and not o.force:
         raise PrepareError(f"{dest} exists: pass --force to replace it, or another --destdir")
     prefixes = {"train": o.trainpref, "valid": o.validpref, "test": o.testpref}
     files = {split: {lang: own_corpus.input_file(p, lang) for lang in (src, tgt)} for split, p in prefixes.items() if p}
+    for path in (path for sides in files.values() for path in sides.values()):
+        if dest in path.resolve().parents:  # replacing DESTDIR would delete the corpus
+            raise PrepareError(f"--destdir {dest} holds the input {path}: name another folder")
     log = lambda message: print(f"[text] {message}", file=sys.stderr, flush=True)  # noqa: E731
     log(f"step check: {', '.join(str(f) for sides in files.values() for f in sides.values())}")
     inputs = own_corpus.check_inputs(files)
@@ -271,10 +274,8 @@ def text(o):
             encode_whole(tmp / "spm.model", files[split], pieces / split, raw / split, o.workers)
             sizes[split] = {"pairs": inputs[split]["pairs"], "from": f"--{split}pref"}
         log("step binarize: fairseq-preprocess --joined-dictionary")
-        split_args = [a for s in SPLITS for a in (f"--{s}pref", str(pieces / s))]
-        if subprocess.run([o.preprocess, "--source-lang", src, "--target-lang", tgt, *split_args, "--destdir",
-                           str(tmp), "--joined-dictionary", "--workers", str(o.workers)]).returncode:
-            raise PrepareError(f"fairseq-preprocess failed on {pieces} (see its messages above)")
+        run_preprocess(o.preprocess, ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary"], pieces, tmp,
+                       o.workers)
         shutil.rmtree(pieces)
         manifest = {
             "dataset": "own corpus (scripts/prepare-text.sh)", "source_lang": src, "target_lang": tgt,
@@ -284,10 +285,8 @@ def text(o):
             "filter": {"unit": "pieces", "min_len": o.min_len, "max_len": o.max_len, "ratio": o.ratio,
                        "applies_to": "train"},
             "sizes": sizes, "references": {s: f"raw/{s}.{tgt}" for s in ("valid", "test")},
-            "dictionary_size": 4 + count_lines(tmp / f"dict.{src}.txt"), "inputs": inputs, "versions": versions(),
-            "script": o.command,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        (tmp / "prepare.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+            "dictionary_size": 4 + count_lines(tmp / f"dict.{src}.txt"), "inputs": inputs, "versions": versions()}
+        write_manifest(tmp, manifest, o.command)
         replace_folder(tmp, dest)
         kept = sizes["train"]
         log(f"done: {dest}: train {kept['pairs']} of {kept['input_pairs']} pairs (dropped: {kept['dropped']['length']} "
@@ -319,7 +318,7 @@ def encode_train(model, sides, pieces, raw, held, limits, workers):
             if i in held:
                 valid.write((s, t))
                 valid_raw.write(pair)
-            elif reason := own_corpus.drop_reason(n_s, n_t, *limits):
+            elif reason := length_rule(n_s, n_t, *limits):
                 dropped[reason] += 1
             else:
                 train.write((s, t))
@@ -479,11 +478,9 @@ def parse_text_options(argv):
         raise PrepareError(f"--source-lang and --target-lang are both '{o.source_lang}'")
     o.destdir = o.destdir.resolve()
     o.command = " ".join(["scripts/prepare-text.sh", *argv])
-    try:
-        from normplug.tools.common import fairseq_exe
-        o.preprocess = fairseq_exe("fairseq-preprocess")
-    except (ImportError, ValueError) as e:
-        raise PrepareError(f"cannot run fairseq-preprocess ({e})") from None
+    if o.min_len > o.max_len:
+        raise PrepareError(f"--min-len {o.min_len} is over --max-len {o.max_len}: no training pair could be kept")
+    o.preprocess = preprocess_exe()
     return o
 
 

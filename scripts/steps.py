@@ -19,6 +19,29 @@ REMOVE_BPE = {"subword-nmt": "@@ ", "none": None}  # what a config passes to fai
 BPE = "subword-nmt"  # the default --bpe of a translation corpus
 
 
+def preprocess_exe(alternative=""):
+    """The fairseq-preprocess next to this Python (or on PATH), or one line saying why there is none."""
+    try:
+        from normplug.tools.common import fairseq_exe
+        return fairseq_exe("fairseq-preprocess")
+    except (ImportError, ValueError) as e:
+        raise PrepareError(f"cannot run fairseq-preprocess ({e}){alternative}") from None
+
+
+def run_preprocess(exe, args, folder, out, workers):
+    """fairseq-preprocess ARGS on FOLDER/{train,valid,test} into OUT."""
+    split_args = [a for s in SPLITS for a in (f"--{s}pref", str(folder / s))]
+    if subprocess.run([exe, *args, *split_args, "--destdir", str(out), "--workers", str(workers)]).returncode:
+        raise PrepareError(f"fairseq-preprocess failed on {folder} (see its messages above)")
+
+
+def write_manifest(out, info, command):
+    """OUT/prepare.json: INFO, the command that made the folder and the time."""
+    manifest = {**info, "script": command,
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    (out / "prepare.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+
+
 class Preparation:
     """One run of a dataset's preparation: its options ``o`` and the steps done so far."""
 
@@ -29,11 +52,7 @@ class Preparation:
         self.skipped = []  # the published figures --skip-size-check let through
         self.t0 = time.time()
         if not o.no_binarize:  # before hours of text steps
-            try:
-                from normplug.tools.common import fairseq_exe
-                self.preprocess = fairseq_exe("fairseq-preprocess")
-            except (ImportError, ValueError) as e:
-                raise PrepareError(f"cannot run fairseq-preprocess ({e}); or pass --no-binarize") from None
+            self.preprocess = preprocess_exe("; or pass --no-binarize")
 
     def log(self, message):
         print(f"[{self.name}] {message}", file=sys.stderr, flush=True)
@@ -117,17 +136,12 @@ class Preparation:
             return
 
         def run(out):
-            split_args = [a for s in SPLITS for a in (f"--{s}pref", str(folder / s))]
-            if subprocess.run([self.preprocess, *args, *split_args, "--destdir", str(out),
-                               "--workers", str(self.o.workers)]).returncode:
-                raise PrepareError(f"fairseq-preprocess failed on {folder} (see its messages above)")
+            run_preprocess(self.preprocess, args, folder, out, self.o.workers)
             if (folder / "code").exists():
                 shutil.copy(folder / "code", out / "code")
             sources = dict(reversed(x.split(None, 1)) for x in read_lines(self.work / "fetch" / "sources.sha256"))
             checked = f"skipped: {'; '.join(self.skipped)}" if self.skipped else "passed"
-            manifest = {**info(out), "size_check": checked, "sources": sources, "script": self.o.command,
-                        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-            (out / "prepare.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+            write_manifest(out, {**info(out), "size_check": checked, "sources": sources}, self.o.command)
         self.step("binarize", run, out=self.dest)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 import own_corpus
 import prepare as prepare_script
+from moses import length_rule
 from conftest import REPO, TINY_MODEL, USER_DIR, needs_fairseq, run_cli
 from test_lm_cli import lm_train_args
 
@@ -139,10 +140,22 @@ def test_refuses_an_existing_destination_without_force(text_run, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "raw"]
 
 
+def test_refuses_a_destination_that_holds_the_inputs_or_is_a_file(text_run, tmp_path):
+    """--force replaces DESTDIR: never the folder of the corpus it reads."""
+    before = sorted(p.name for p in text_run.raw.iterdir())
+    refused(text_run(*SPLITS, "--force", dest=text_run.raw), f"--destdir {text_run.raw} holds the input")
+    refused(text_run(*SPLITS, "--force", dest=tmp_path), f"--destdir {tmp_path} holds the input")
+    assert sorted(p.name for p in text_run.raw.iterdir()) == before
+    (tmp_path / "afile").write_text("keep me")
+    refused(text_run(*SPLITS, "--force", dest=tmp_path / "afile"), "is a file")
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
 def test_refuses_bad_options_in_one_line(text_run, tmp_path):
-    refused(text_run(*SPLITS, "--model-type", "char"), "--model-type", "unigram", "bpe")
+    refused(text_run(*SPLITS, "--model-type", "char"), "--model-type", "'char'", "unigram", "bpe")
     refused(text_run(*SPLITS, "--ratio", "0.5"), "--ratio", "at least 1")
-    refused(text_run(*SPLITS, "--character-coverage", "1.5"), "--character-coverage")
+    refused(text_run(*SPLITS, "--character-coverage", "1.5"), "--character-coverage", "'1.5'", "(0, 1]")
+    refused(text_run(*SPLITS, "--min-len", "10", "--max-len", "5"), "--min-len 10 is over --max-len 5")
     refused(text_run("--trainpref", "RAW/train", "--testpref", "RAW/test", "--valid-size", "31"),
             "--valid-size 31", "60 training pairs")
     assert nothing_written(tmp_path)
@@ -150,15 +163,16 @@ def test_refuses_bad_options_in_one_line(text_run, tmp_path):
 
 # --- the rules, against values written out here -----------------------------------------------------------------
 
-def test_drop_reason_is_clean_corpus_n_on_pieces():
-    """clean-corpus-n.perl -ratio R MIN MAX, counted in pieces: a side outside MIN..MAX, or over R times the other."""
-    assert own_corpus.drop_reason(0, 0, 1, 250, 1.5) == "length"
-    assert own_corpus.drop_reason(251, 251, 1, 250, 1.5) == "length"
-    assert own_corpus.drop_reason(250, 250, 1, 250, 1.5) is None
-    assert own_corpus.drop_reason(3, 2, 1, 250, 1.5) is None  # 3/2 is not over 1.5
-    assert own_corpus.drop_reason(4, 2, 1, 250, 1.5) == "ratio"
-    assert own_corpus.drop_reason(2, 4, 1, 250, 1.5) == "ratio"
-    assert own_corpus.drop_reason(9, 1, 1, 250, 9) is None
+def test_length_rule_is_clean_corpus_n_counting_pieces():
+    """clean-corpus-n.perl -ratio R MIN MAX (moses.length_rule, which tests/test_prepare.py checks against the perl
+    script's output), on piece counts: a side outside MIN..MAX, or over R times the other."""
+    assert length_rule(0, 3, 1, 250, 1.5) == "length"
+    assert length_rule(251, 251, 1, 250, 1.5) == "length"
+    assert length_rule(250, 250, 1, 250, 1.5) is None
+    assert length_rule(3, 2, 1, 250, 1.5) is None  # 3/2 is not over 1.5
+    assert length_rule(4, 2, 1, 250, 1.5) == "ratio"
+    assert length_rule(2, 4, 1, 250, 1.5) == "ratio"
+    assert length_rule(9, 1, 1, 250, 9) is None
 
 
 def test_lines_and_line_ends_as_counted(tmp_path):
@@ -243,7 +257,10 @@ def test_prepare_text_filters_train_only_and_keeps_the_raw_references(prepared):
     for lang, k in (("de", 0), ("en", 1)):
         assert binarized_pieces(dest, "train", lang) == [" ".join(coded[i][k]) for i in keep]
     dropped = info["sizes"]["train"]["dropped"]
-    assert info["sizes"]["train"]["pairs"] == len(keep) and dropped["length"] + dropped["ratio"] == 300 - len(keep)
+    too_long_or_empty = [k for k, (s, t) in enumerate(coded) if not (1 <= len(s) <= 250 and 1 <= len(t) <= 250)]
+    assert info["sizes"]["train"]["pairs"] == len(keep) and dropped == {
+        "length": len(too_long_or_empty), "ratio": 300 - len(keep) - len(too_long_or_empty)}
+    assert EMPTY in too_long_or_empty and LONG in too_long_or_empty and dropped["ratio"] >= 1
     # valid and test whole, and their raw text kept beside them: the pieces decode to it
     for split in ("valid", "test"):
         for lang in ("de", "en"):
