@@ -81,11 +81,12 @@ def resident_programs(kernel, args, options, device: torch.device) -> int:
     """Programs of ``kernel`` that ``device``'s GPU keeps resident (on all its multiprocessors)
     when launched on ``args`` with ``options`` (its constexprs and num_warps; a dtype in
     ``args`` stands for a tensor of that dtype). The kernel is compiled for these arguments (and
-    kept by Triton for the launch); its registers are read once per kernel, options and dtype
-    of the first argument: other specialisations (another dtype of a parameter, an int
-    divisible by 16 or not) differ by a few registers at most. The interpreter compiles
-    nothing: NOMINAL_REGISTERS."""
-    key = (kernel, device, planned_gpu, getattr(args[0], "dtype", None), *options.values())
+    kept by Triton for the launch); its registers are read once per kernel, options, dtype of
+    the first argument and what Triton specialises an int on (divisible by 16, equal to 1: an
+    unaligned channel count compiles to a different kernel). The interpreter compiles nothing:
+    NOMINAL_REGISTERS."""
+    ints = tuple((a % 16 == 0, a == 1) for a in args if isinstance(a, int) and not isinstance(a, bool))
+    key = (kernel, device, planned_gpu, getattr(args[0], "dtype", None), ints, *options.values())
     if key not in _resident:
         from triton.runtime import JITFunction
 
