@@ -33,7 +33,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .triton_grid import cdiv, next_power_of_2, resident_programs
+from .triton_grid import cdiv, next_power_of_2, resident_programs, traced
 
 BLOCK_C = 64  # channels of a tile: row segments of 128 bytes in 16-bit types, 256 in float32
 WARPS = 16  # a program's warps
@@ -394,12 +394,6 @@ def _(x, pad_mask, weight, bias, running_mean, running_var, num_batches_tracked,
 @_backward.register_fake
 def _(gy, gmean, gvar, x, pad_mask, weight, mean, var, count, eps, batch_stats, sync):
     return empty_grads(x, weight)
-
-
-def traced(op, launches):
-    """``op`` where torch.compile traces (it sees the buffers the op declares it updates), else
-    ``launches``, the op's Python body: eager mode skips the dispatcher's cost."""
-    return op if torch.compiler.is_compiling() else launches
 
 
 class _BatchNorm(torch.autograd.Function):

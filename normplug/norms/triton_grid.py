@@ -70,7 +70,7 @@ def programs_per_multiprocessor(registers: int, warps: int, shared: int, gpu: Gp
     least 1). Registers are allocated to a warp in units of 256 (8 a thread)."""
     per_warp = -(-registers * 32 // 256) * 256
     fit = min(gpu.programs, gpu.warps // warps, gpu.registers // (per_warp * warps),
-              gpu.shared // max(shared + 1024, 1))  # the driver reserves 1 KB of a program's shared memory
+              gpu.shared // (shared + 1024))  # the driver reserves 1 KB of a program's shared memory
     return max(1, fit)
 
 
@@ -99,3 +99,9 @@ def resident_programs(kernel, args, options, device: torch.device) -> int:
         per_multiprocessor = programs_per_multiprocessor(registers, options.get("num_warps", 4), shared, gpu)
         _resident[key] = per_multiprocessor * gpu.multiprocessors
     return _resident[key]
+
+
+def traced(op, launches):
+    """``op`` where torch.compile traces (it sees the buffers the op declares it updates), else
+    ``launches``, the op's Python body: eager mode skips the dispatcher's cost."""
+    return op if torch.compiler.is_compiling() else launches

@@ -18,11 +18,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .impl import MAX_GROUP_CHANNELS, check_width
-from .power import GROUP_HELD
-from .triton_batch import (WARPS, empty_grads, pad_args, real_rows, split_plan,
-                           sum_splits, traced)
-from .triton_grid import cdiv, next_power_of_2
+from .triton_batch import WARPS, empty_grads, pad_args, real_rows, split_plan, sum_splits
+from .triton_grid import cdiv, next_power_of_2, traced
 
 MIN_TILE_CHANNELS = 64  # channels of a tile at least: narrow groups share a program
 MERGE_COLS = 4  # channels per merge program: the partials are small, so many programs share them
@@ -209,7 +206,6 @@ def _group_tile(N, C, groups, per_thread, pad_mask, **flags):
     ``per_thread`` elements a thread over WARPS warps (fewer rows for fewer tokens), or whole
     groups (at least MIN_TILE_CHANNELS channels) of one row over more warps when that is wider."""
     D = C // groups
-    check_width("power", "triton", D, MAX_GROUP_CHANNELS, GROUP_HELD)
     db = next_power_of_2(D)
     gb = min(next_power_of_2(groups), max(1, MIN_TILE_CHANNELS // db))
     rows = max(1, min(per_thread * 32 * WARPS // (gb * db), next_power_of_2(max(N, 1))))

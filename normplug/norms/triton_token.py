@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 
 from .impl import MAX_ROW_CHANNELS, check_width
-from .triton_batch import traced
-from .triton_grid import cdiv, next_power_of_2, resident_programs
+from .triton_grid import cdiv, next_power_of_2, resident_programs, traced
 
 # Which norm a kernel computes (the constexpr KIND: each is compiled separately); a kernel
 # reads only globals that are tl.constexpr, the host their int values.
