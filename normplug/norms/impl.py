@@ -48,7 +48,7 @@ def check_width(norm: str, impl: str, channels: int, limit: int, held: str) -> N
     channels in registers (``held``: what they hold, and what sets ``channels``)."""
     if impl == "triton" and channels > limit:
         raise NormConfigError(f"norm {norm!r}: impl='triton' holds {held} in registers, at most {limit} "
-                              f"channels, got {channels}; use impl='torch'")
+                              f"channels, got {channels}; use impl='torch' (fairseq: --norm-impl torch)")
 
 
 def interpreting() -> bool:
