@@ -22,7 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from normplug.recipes import evaluate, fmt, load_config, run_logged, train, write_atomic, write_csv
+from normplug.recipes import (evaluate, fmt, load_config, run_logged, train, with_training_arguments, write_atomic,
+                              write_csv)
 from normplug.tools import tid
 from normplug.tools.common import atomic_path, configure_logging, numbered_checkpoints
 
@@ -57,7 +58,7 @@ def build_corpus(out: Path, train_pairs: int, force: bool, workers: int):
     return binary, True
 
 
-def train_one(recipe, save: Path, data: Path, extra, threads: int):
+def train_one(recipe, save: Path, threads: int):
     """The driver's train(), its progress shown as one line per validation."""
     t0, kind = time.time(), save.name
 
@@ -66,7 +67,7 @@ def train_one(recipe, save: Path, data: Path, extra, threads: int):
         if m:
             print(f"[train] {kind:>3}: epoch {int(m[1]):>3}  valid loss {m[2]}  ({time.time() - t0:.0f}s)")
 
-    rc = train(recipe, save, extra, data, gpu=False, threads=threads, echo=progress,
+    rc = train(recipe, save, gpu=False, threads=threads, echo=progress,
                log=lambda msg: print(f"[train] {kind:>3}: {msg}"))
     if rc != 0:
         raise SystemExit(f"demo: training {kind} failed (exit {rc}); see {save / 'train.log'}")
@@ -124,21 +125,22 @@ def main(argv=None):
     cores = os.cpu_count() or 1
     threads = args.threads or max(1, cores // len(KINDS))
     extra = ["--max-epoch", str(args.epochs)] if args.epochs else []
-    configs = {kind: load_config(SCRIPTS.parent / "configs" / "demo" / f"{kind}.yaml") for kind in KINDS}
     print(f"normplug demo -> {out}  ({cores} cores)")
     data, rebuilt = build_corpus(out, args.train_pairs, args.force, cores)
+    configs = {kind: with_training_arguments(load_config(SCRIPTS.parent / "configs" / "demo" / f"{kind}.yaml", data),
+                                             extra) for kind in KINDS}
     if rebuilt:
         for kind in KINDS:
             shutil.rmtree(out / kind, ignore_errors=True)
     print(f"[train] {', '.join(KINDS)} side by side ({threads} thread(s) each); logs: {out}/<norm>/train.log")
     with ThreadPoolExecutor(len(KINDS)) as pool:
-        runs = {k: pool.submit(train_one, configs[k], out / k, data, extra, threads) for k in KINDS}
+        runs = {k: pool.submit(train_one, configs[k], out / k, threads) for k in KINDS}
         train_seconds = {k: run.result() for k, run in runs.items()}
 
     print("[eval] decoding the test set (beam 5, --post-process sentencepiece) and scoring; [tid] TID of the BN/RBN "
           "epoch checkpoints (valid split)")
     with ThreadPoolExecutor(len(KINDS)) as pool:
-        evals = {k: pool.submit(evaluate, configs[k], out / k, data, log=lambda msg: None) for k in KINDS}
+        evals = {k: pool.submit(evaluate, configs[k], out / k, gpu=False, log=lambda msg: None) for k in KINDS}
         tids = {k: run_tid(out, data, configs[k], k) for k in TID_KINDS}  # meanwhile, in this thread
         scores = {k: run.result() for k, run in evals.items()}
     tid_points = {k: layer_means(results) for k, results in tids.items()}

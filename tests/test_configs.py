@@ -6,6 +6,7 @@ shrunk dimensions: the translation corpus, or the language-model one). The drive
 behaviour is tested in tests/test_recipes.py."""
 import functools
 import math
+from dataclasses import replace
 import re
 
 import pytest
@@ -292,7 +293,7 @@ def test_full_size_arguments_parse(path, tiny_data, tmp_path):
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     r = _recipe(path)
-    args = _parse(recipes.train_argv(r, save_dir=tmp_path, data=tiny_data, gpu=False, exe=False))
+    args = _parse(recipes.train_argv(replace(r, data=tiny_data), save_dir=tmp_path, gpu=False, exe=False))
     assert args.user_dir == str(recipes.PLUGIN_DIR) and args.cpu
     assert args.arch in ARCH_MODEL_REGISTRY and args.criterion in CRITERION_REGISTRY
     # the row's setting is the model's: Pre-Norm normalises each sublayer's input
@@ -322,7 +323,8 @@ TINY_ADAPTIVE = ["--adaptive-softmax-cutoff", "10,20", "--adaptive-input-cutoff"
 
 def _tiny_argv(r, data, save_dir="unused"):
     extra = TINY_EXTRA[r.task] + (TINY_ADAPTIVE if r.dataset == "WikiText-103" else [])
-    return recipes.train_argv(r, save_dir=save_dir, extra=extra, data=data, gpu=False, exe=False)
+    return recipes.train_argv(recipes.with_training_arguments(replace(r, data=data), extra), save_dir=save_dir,
+                              gpu=False, exe=False)
 
 
 @pytest.fixture(scope="module")
@@ -414,4 +416,5 @@ def test_the_driver_s_check_passes_every_config_at_full_size(tiny_data, lm_data,
         extra = TINY_EXTRA[r.task][-4:] if r.task == "translation" else []  # --source-lang src --target-lang tgt
         extra += TINY_ADAPTIVE if r.dataset == "WikiText-103" else []
         data = tiny_data if r.task == "translation" else lm_data
-        recipes.check_flags(r, recipes.train_argv(r, save_dir=tmp_path, extra=extra, data=data, gpu=False, exe=False))
+        r = recipes.with_training_arguments(replace(r, data=data), extra)
+        recipes.check_flags(r, recipes.train_argv(r, save_dir=tmp_path, gpu=False, exe=False))

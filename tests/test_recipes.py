@@ -4,6 +4,7 @@ duplicate keys) and its errors and fairseq's own for its flags (one line each), 
 made with another BPE, runs and scores tied to their data, and the official WMT references.
 The configs are written here (the recipes' own are tested by tests/test_configs.py)."""
 import ast
+import dataclasses
 import csv
 import hashlib
 import json
@@ -139,6 +140,16 @@ def value(argv, flag):
     return argv[argv.index(flag) + 1]
 
 
+def on(recipe, data):
+    """A recipe read with --data DATA."""
+    return dataclasses.replace(recipe, data=str(data))
+
+
+def trained(recipe, extra, data=None):
+    """A recipe with fairseq-train's extra arguments (and --data), as the driver merges them."""
+    return recipes.with_training_arguments(dataclasses.replace(recipe, data=str(data)) if data else recipe, extra)
+
+
 def parse(argv):
     """fairseq-train's own reading of a command line (without the executable)."""
     from fairseq import options
@@ -151,29 +162,28 @@ def parse(argv):
 def test_extra_arguments_replace_config_flags(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a config's data path is relative to the current directory
     r = load_config(config("xu"))
-    argv = recipes.train_argv(r, save_dir="/tmp/x", gpu=False, exe=False,
-                              extra=["--lr", "1e-3", "--max-epoch=2", "--rbn-mean-weight", "0",
-                                     "--save-dir", "/tmp/y", "--new-flag"])
+    argv = recipes.train_argv(trained(r, ["--lr", "1e-3", "--max-epoch=2", "--rbn-mean-weight", "0", "--new-flag"]),
+                              save_dir="/tmp/x", gpu=False, exe=False)
     assert value(argv, "--lr") == "1e-3" and value(argv, "--max-epoch") == "2"
-    assert value(argv, "--rbn-mean-weight") == "0" and value(argv, "--save-dir") == "/tmp/y"
+    assert value(argv, "--rbn-mean-weight") == "0" and value(argv, "--save-dir") == "/tmp/x"
     assert "--new-flag" in argv and "--cpu" in argv
     assert argv[0] == str(tmp_path / "data" / "data-bin" / "iwslt14.tokenized.de-en")
     with pytest.raises(ConfigError, match="does not follow a --flag"):
-        recipes.train_argv(r, extra=["data-bin/x"], exe=False)
+        trained(r, ["data-bin/x"])
 
 
 def test_one_gpu_is_pinned_the_cpu_stays_as_it_was(tiny_data, config):
     """fairseq 0.12 takes every visible GPU unless told: the recipes pin one; more are fairseq's own
     flags among the extra arguments."""
     r = load_config(config("xu"))
-    gpu = recipes.train_argv(r, gpu=True, exe=False)
+    gpu = recipes.train_argv(r, "x", gpu=True, exe=False)
     assert value(gpu, "--distributed-world-size") == "1" and "--cpu" not in gpu
     assert value(gpu, "--update-freq") == "2"
-    cpu = recipes.train_argv(r, gpu=False, exe=False)
+    cpu = recipes.train_argv(r, "x", gpu=False, exe=False)
     assert "--cpu" in cpu and "--distributed-world-size" not in cpu
-    assert "--distributed-world-size" not in recipes.train_argv(r, gpu=True, exe=False, extra=["--cpu"])
-    args = parse(recipes.train_argv(r, data=tiny_data, gpu=True, exe=False,
-                                    extra=["--distributed-world-size", "2", "--update-freq", "1"]))
+    assert "--distributed-world-size" not in recipes.train_argv(trained(r, ["--cpu"]), "x", gpu=True, exe=False)
+    args = parse(recipes.train_argv(trained(r, ["--distributed-world-size", "2", "--update-freq", "1"], tiny_data),
+                                    "x", gpu=True, exe=False))
     assert (args.distributed_world_size, args.update_freq, args.cpu) == (2, [1], False)
 
 
@@ -181,7 +191,7 @@ def test_gpus_keep_the_effective_batch(tiny_data, config, capsys):
     """--gpus N spreads a run over N GPUs with update-freq / N (the effective batch kept), BN statistics
     per GPU unless the plugin's --bn-sync-stats is passed; the table says how the row ran."""
     r = load_config(config("xu"))  # update-freq 2
-    args = parse(recipes.train_argv(r, data=tiny_data, gpu=True, exe=False, extra=recipes.gpu_flags(r, 2)))
+    args = parse(recipes.train_argv(trained(r, recipes.gpu_flags(r, 2), tiny_data), "x", gpu=True, exe=False))
     assert (args.distributed_world_size, args.update_freq, args.bn_sync_stats) == (2, [1], None)
     assert recipes.gpu_flags(r) == []
     with pytest.raises(ConfigError, match="--gpus 4 does not divide the update-freq 2 of"):
@@ -195,13 +205,13 @@ def test_gpus_keep_the_effective_batch(tiny_data, config, capsys):
     assert "--bn-sync-stats" in train
     for sync, said in (([], "2 GPUs, BN statistics per GPU"), (["--bn-sync-stats"], "2 GPUs, BN statistics synced")):
         extra = recipes.gpu_flags(r, 2) + sync
-        run = {"rc": 0, "flags": recipes.merged_flags(r, extra), "extra": extra}
+        run = {"rc": 0, "flags": recipes.merged_flags(trained(r, extra)), "extra": extra}
         assert said in recipes.row_status(r, run, {})
     assert recipes.row_status(r, {"rc": 0, "flags": recipes.merged_flags(r), "extra": []}, {}) == "full"
 
 
 def test_reproduce_keeps_its_runs_in_out(tmp_path, config):
-    with pytest.raises(ConfigError, match="reproduce trains each config into --out/<name>: --save-dir"):
+    with pytest.raises(ConfigError, match=r"--save-dir after --: the run goes to --out OUT \(OUT/<name>\)"):
         recipes.reproduce([config("xu")], tmp_path / "out", extra=["--save-dir", str(tmp_path / "elsewhere")])
     assert not (tmp_path / "out").exists()
 
@@ -237,7 +247,7 @@ def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, monkeypatch, c
         "#", "fairseq-train", "fairseq-eval-lm", "fairseq-eval-lm"]
     assert lines[0] == recipes.dry_run_note(1)
     train = shlex.split(lines[2])
-    assert train[1:] == recipes.train_argv(load_config(config("demo")), out / "demo-bn", ["--max-epoch", "2"],
+    assert train[1:] == recipes.train_argv(trained(load_config(config("demo")), ["--max-epoch", "2"]), out / "demo-bn",
                                            gpu=True, exe=False)
     assert shlex.split(lines[3]) == ["normplug-average", "--inputs", str(out / "demo-bn"), "--num-epoch-checkpoints",
                                      "1", "--output", str(out / "demo-bn" / "averaged_last1.pt")]
@@ -248,7 +258,7 @@ def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, monkeypatch, c
     assert recipes.main(["train", str(config("demo")), "--dry-run", "--lr", "1"]) == 0
     train = shlex.split(capsys.readouterr().out, comments=True)
     assert train[0] == "fairseq-train" and value(train, "--lr") == "1"
-    assert value(train, "--save-dir") == str(tmp_path / "checkpoints" / "demo-bn")
+    assert value(train, "--save-dir") == str(tmp_path / "runs" / "demo-bn")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.yaml", "lm.yaml", "shared.yaml"]
 
 
@@ -356,7 +366,7 @@ def test_language_model_command_lines(config):
     without overlap or extra context (the published figure), and fairseq's sliding window."""
     r = load_config(config("lm"))
     assert r.task == "language_modeling" and r.source_lang is None
-    train = recipes.train_argv(r, gpu=False, exe=False)
+    train = recipes.train_argv(r, "x", gpu=False, exe=False)
     assert "--source-lang" not in train and value(train, "--task") == "language_modeling"
     length = str(r.train["tokens-per-sample"])
     for context in (0, r.evaluate["context_window"]):
@@ -480,15 +490,15 @@ def test_fairseq_checks_the_train_flags(tmp_path, tiny_data, edit, message):
     rule <= 0."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(edit(GOOD))
-    recipe = load_config(bad)  # the format is fine
+    recipe = load_config(bad, tiny_data)  # the format is fine
     with pytest.raises(ConfigError) as err:
-        recipes.check_flags(recipe, recipes.train_argv(recipe, data=tiny_data, gpu=False, exe=False))
+        recipes.check_flags(recipe, recipes.train_argv(recipe, "x", gpu=False, exe=False))
     text = str(err.value)
     assert "\n" not in text and text.startswith(f"{bad}: fairseq-train refuses its arguments: "), text
     assert message in text, text
     good = tmp_path / "good.yaml"
     good.write_text(GOOD.replace("  max-epoch: 5\n", "  max-epoch: 5\n  max-update: 1\n"))
-    recipes.check_flags(recipe, recipes.train_argv(load_config(good), data=tiny_data, gpu=False, exe=False))
+    recipes.check_flags(recipe, recipes.train_argv(load_config(good, tiny_data), "x", gpu=False, exe=False))
 
 
 def _cli(*args):
@@ -580,11 +590,11 @@ def test_check_refuses_data_the_config_cannot_use(tmp_path, tiny_data, lm_data, 
     # the dictionaries of another pair: the issue's de-en config on src-tgt data
     iwslt = load_config(config("xu"))
     with pytest.raises(ConfigError, match=r"lacks dict\.de\.txt, dict\.en\.txt, train\.de-en\.de\.bin and 11 more, "):
-        recipes.check_data(iwslt, tiny_data)
+        recipes.check_data(on(iwslt, tiny_data))
     lm = load_config(config("lm"))
-    recipes.check_data(lm, lm_data)
+    recipes.check_data(on(lm, lm_data))
     with pytest.raises(ConfigError, match=r"lacks dict\.txt, train\.bin, train\.idx and 4 more, which"):
-        recipes.check_data(lm, tiny_data)
+        recipes.check_data(on(lm, tiny_data))
 
 
 @pytest.mark.slow
@@ -618,7 +628,7 @@ def test_a_config_merges_its_base_chain(tmp_path):
     assert r.train == {**whole.train, "lr": 0.0005, "ddp-backend": ["c"], "max-epoch": None}
     assert list(r.train)[:2] == ["arch", "encoder-layers"]  # the base's order, then the config's keys
     assert r.evaluate == {**whole.evaluate, "beam": 4, "lenpen": 0.6}
-    assert "--max-epoch" not in recipes.train_argv(r, gpu=False, exe=False)
+    assert "--max-epoch" not in recipes.train_argv(r, "x", gpu=False, exe=False)
     (tmp_path / "base" / "paper.yaml").write_text("base: dataset.yaml\n")
     with pytest.raises(ConfigError) as err:  # a loop is reported from the config given, with its chain
         load_config(run)
@@ -652,7 +662,7 @@ def test_data_made_with_another_bpe_is_refused(tmp_path, tiny_data, capsys):
     recipes.check_data(load_config(_config_on(tmp_path, data, remove_bpe="null")))
     # on the command line: one error line, before any decoding
     capsys.readouterr()
-    assert recipes.main(["evaluate", str(config), "--checkpoint-dir", str(tmp_path / "none")]) == 2
+    assert recipes.main(["evaluate", str(config), "--out", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"normplug-recipe: error: {text}"]
 
 
@@ -678,24 +688,22 @@ def test_a_run_is_reused_only_on_its_data(tmp_path, tiny_data):
     other = tmp_path / "other"
     shutil.copytree(tiny_data, other)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    for attempt in (lambda: recipes.train(recipe, run, data=other, log=said.append),
+    for attempt in (lambda: recipes.train(on(recipe, other), run, log=said.append),
                     lambda: recipes.reproduce([config], out, data=other, log=said.append)):
         with pytest.raises(ConfigError) as err:
             attempt()
-        assert str(err.value) == (f"{run} holds a run on other data ({tiny_data}, dictionaries "
-                                  f"{identity['dictionaries']}), not {other} (dictionaries "
-                                  f"{recipes.data_identity(recipe, other)['dictionaries']}): use another "
-                                  "folder or remove that one")
+        assert str(err.value) == (f"{run} holds a run on other data ({tiny_data}: its data differs from "
+                                  f"{other} now): use another folder or remove that one")
     with open(other / "dict.src.txt", "a") as f:
         f.write("extra 1\n")
     (run / recipes.RUN_RECORD).write_text(json.dumps({**record, "data": str(other)}))
     with pytest.raises(ConfigError, match="holds a run on other data"):  # same folder, another dictionary
-        recipes.train(recipe, run, data=other)
+        recipes.train(on(recipe, other), run)
     # a record of an older driver names no dictionaries: its data folder is compared
     (run / recipes.RUN_RECORD).write_text(json.dumps({k: v for k, v in record.items() if k != "dictionaries"}))
     assert recipes.train(recipe, run, log=said.append) == 0 and said[-1].endswith("reusing the finished run in " + str(run))
     with pytest.raises(ConfigError, match="holds a run on other data"):
-        recipes.train(recipe, run, data=other)
+        recipes.train(on(recipe, other), run)
     (run / recipes.RUN_RECORD).write_text(json.dumps(record))
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before and len(said) == 2
 
@@ -712,8 +720,8 @@ def test_a_run_without_a_checkpoint_is_never_recorded_as_done(tmp_path, tiny_dat
     good, shared = tmp_path / "good.yaml", tmp_path / "shared.yaml"
     good.write_text(GOOD)
     shared.write_text(GOOD.replace("name: demo-bn\n", "name: demo-bn-teststats\nshares_training_with: demo-bn\n"))
-    save = tmp_path / "run"
-    assert recipes.main(["train", str(good), "--data", str(tiny_data), "--save-dir", str(save)]) == 1
+    save = tmp_path / "runs" / "demo-bn"
+    assert recipes.main(["train", str(good), "--data", str(tiny_data), "--out", str(save.parent)]) == 1
     said = "fairseq-train exited 0 without writing a checkpoint"
     assert capsys.readouterr().err.splitlines() == [
         f"normplug-recipe: error: {said} in {save}: recorded as failed (see {save / 'train.log'})"]
@@ -737,14 +745,14 @@ def test_more_gpus_than_visible_is_one_line_before_anything_starts(tmp_path, tin
     monkeypatch.setattr("normplug.recipes.runs.run_logged", lambda *args, **kwargs: pytest.fail("fairseq started"))
     good = tmp_path / "good.yaml"
     good.write_text(GOOD.replace("  max-tokens: 2048\n", "  max-tokens: 2048\n  update-freq: 2\n"))
-    for command in (["train", str(good), "--save-dir", str(tmp_path / "run")],
+    for command in (["train", str(good), "--out", str(tmp_path / "run")],
                     ["reproduce", str(good), "--out", str(tmp_path / "out")]):
         assert recipes.main([*command, "--data", str(tiny_data), "--gpus", "2"]) == 2
         assert capsys.readouterr().err.splitlines() == [
             "normplug-recipe: error: --gpus 2: 1 GPU visible here (CUDA_VISIBLE_DEVICES=3); --dry-run prints the "
             "2-GPU command lines on any machine"]
     # fairseq's own flag among the extra arguments: refused as fairseq-train would, but before it starts
-    assert recipes.main(["train", str(good), "--data", str(tiny_data), "--save-dir", str(tmp_path / "run"),
+    assert recipes.main(["train", str(good), "--data", str(tiny_data), "--out", str(tmp_path / "run"),
                          "--distributed-world-size", "2", "--update-freq", "1"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"normplug-recipe: error: {good}: fairseq-train refuses its arguments: --distributed-world-size 2: 1 GPU "
@@ -760,21 +768,21 @@ def test_only_a_run_with_checkpoints_binds_its_folder(tmp_path, tiny_data):
     run, other = tmp_path / "run", tmp_path / "other"
     shutil.copytree(tiny_data, other)
     run.mkdir()
-    record = {"flags": recipes.merged_flags(recipe), "extra": [], "rc": 1, **recipes.data_identity(recipe, other)}
+    record = {"flags": recipes.merged_flags(recipe), "extra": [], "rc": 1, **recipes.data_identity(on(recipe, other))}
     (run / recipes.RUN_RECORD).write_text(json.dumps(record))
-    assert recipes.prior_run(recipe, run, tiny_data, [])[0] is None
+    assert recipes.prior_run(recipe, run)[0] is None
     (run / "checkpoint1.pt").write_bytes(b"")
     with pytest.raises(ConfigError, match="holds a run on other data"):
-        recipes.prior_run(recipe, run, tiny_data, [])
-    assert recipes.prior_run(recipe, run, other, [])[0] == record
+        recipes.prior_run(recipe, run)
+    assert recipes.prior_run(on(recipe, other), run)[0] == record
     with pytest.raises(ConfigError) as err:
-        recipes.prior_run(recipe, run, other, ["--lr", "0.5", "--cpu"])
+        recipes.prior_run(trained(recipe, ["--lr", "0.5", "--cpu"], other), run)
     assert str(err.value) == (f"{run} holds a run with other fairseq-train flags (--lr 0.0015 -> 0.5, --cpu (unset) "
                               "-> (set)): use another folder or remove that one")
     changed = tmp_path / "changed.yaml"
     changed.write_text(GOOD.replace("  lr: 0.0015\n", "  lr: 0.001\n"))
     with pytest.raises(ConfigError) as err:
-        recipes.evaluate(load_config(changed), run, data=other)
+        recipes.evaluate(on(load_config(changed), other), run)
     assert str(err.value) == (f"{run} is stale: trained with other flags than {changed} gives now (--lr 0.0015 -> "
                               "0.001); train it again, or name a checkpoint to score with --checkpoint")
 
@@ -791,10 +799,10 @@ def test_scores_record_their_data(tmp_path, tiny_data):
     identity = recipes.data_identity(recipe)
     (run / recipes.RUN_RECORD).write_text(json.dumps(
         {"flags": recipes.merged_flags(recipe), "extra": [], "rc": 0, **identity}))
-    scores = {"tokenized_bleu": 1.0, "averaged": ["checkpoint1.pt"], **recipes.data_identity(recipe, other)}
+    scores = {"tokenized_bleu": 1.0, "averaged": ["checkpoint1.pt"], **recipes.data_identity(on(recipe, other))}
     (run / "scores-demo-bn.json").write_text(json.dumps(scores))
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(run))} holds scores-demo-bn.json, scored on other "
-                                          rf"data \({re.escape(str(other))}, "):
+                                          rf"data \({re.escape(str(other))}: "):
         recipes.evaluate(recipe, run)  # before choosing (there is no checkpoint) or decoding
     assert recipes.reproduce([config], out, table_only=True, log=lambda *a: None) == 0
     assert (out / "results.md").read_text().count(f"stale: scored on other data ({other}) than the run trained on") == 1
@@ -823,7 +831,7 @@ def test_wmt_sacrebleu_uses_the_official_references(tmp_path, monkeypatch, confi
     assert scores["sacrebleu"] < 100  # cased: 'ein' is not 'Ein'
     assert scores["tokenized_bleu"] == 100.0  # tokenized BLEU stays on the binarized references
     assert "case:mixed" in scores["sacrebleu_signature"]
-    with pytest.raises(RuntimeError, match="binarized test set has 1 sentences, the official "
+    with pytest.raises(ConfigError, match="binarized test set has 1 sentences, the official "
                                            "wmt14/full en-de references 2"):
         recipes.score(r, hyps[:1], refs[:1], official=official)
     iwslt = recipes.score(load_config(config("xu")), ["the house ."], ["the house ."])

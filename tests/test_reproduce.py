@@ -295,7 +295,7 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data, capsys):
         if run in (None, True):
             continue
         extra, rc, _ = run
-        flags = recipes.merged_flags(recipes.load_config(configs[name]), extra)
+        flags = recipes.merged_flags(recipes.with_training_arguments(recipes.load_config(configs[name]), extra))
         if name == "stale":
             flags["lr"] = ["0.5"]  # the config changed after the run
         (out / name / recipes.RUN_RECORD).write_text(json.dumps(
@@ -311,7 +311,7 @@ def test_table_statuses_from_what_runs_left(tmp_path, tiny_data, capsys):
     full = rows[0]
     assert (full["ours"], full["delta"], full["sacrebleu"], full["train_seconds"]) == \
         ("1.25", "0.25", "1.5", "3.0")
-    assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.0 | 1.25 | 0.25 | sacreBLEU 1.50 | "
+    assert md[2] == ("| full | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.0 | 1.25 | 0.25 | sacreBLEU 1.50 | — | "
                      "average of the last 2 epoch checkpoints | full |")
     # extra training arguments make no sense without training
     assert recipes.main(["table", str(configs["full"]), "--out", str(out), "--", "--lr", "1"]) == 2
@@ -335,9 +335,9 @@ def test_table_of_language_model_rows(tmp_path, lm_data):
         ("test perplexity on the tiny LM corpus", "lower", "5.9", "-0.1")
     assert (run["sliding_window_perplexity"], run["sliding_window_context"], run["sacrebleu"]) == ("5.72", "4", "")
     assert md[2] == ("| lm-run | tiny LM (tests/conftest.py) | Post-Norm | LN | perplexity ↓ | 6.0 | 5.90 | -0.10 "
-                     "| sliding window, context 4: 5.72 | checkpoint_best.pt | full (training not recorded) |")
+                     "| sliding window, context 4: 5.72 | — | checkpoint_best.pt | full (training not recorded) |")
     assert md[3] == ("| lm-never | tiny LM (tests/conftest.py) | Post-Norm | LN | perplexity ↓ | 6.0 | — | — | — "
-                     "| checkpoint_best.pt | not run |")
+                     "| — | checkpoint_best.pt | not run |")
     assert "perplexity ↓: negative does" in (out / "results.md").read_text()
 
 

@@ -386,7 +386,7 @@ def fake_data(folder, refs):
 def test_scores_detokenized_output_against_the_raw_references(tmp_path, monkeypatch):
     """sacreBLEU and chrF of the H- lines against DATA/raw/test.en, not against the T- lines (SentencePiece's
     NFKC-normalized text); fairseq-generate runs with --post-process sentencepiece and the data's languages."""
-    from normplug.recipes import load_config, scoring
+    from normplug.recipes import ConfigError, load_config, scoring
 
     refs = ["Das Büro hat 3 Räume.", "Oﬃce ½, Ｆlur!"]  # NFKC: "Office 1⁄2, Flur!"
     data = fake_data(tmp_path / "bin", refs)
@@ -395,16 +395,14 @@ def test_scores_detokenized_output_against_the_raw_references(tmp_path, monkeypa
     generated = f"T-1\tOffice 1⁄2, Flur!\nH-1\t-0.2\t{refs[1]}\nT-0\t{refs[0]}\nH-0\t-0.1\t{refs[0]}\n"
     argvs = []
     monkeypatch.setattr(scoring, "run_checked", lambda argv, what, log: argvs.append(argv) or generated)
-    scores = scoring.score_translation(recipe, tmp_path / "checkpoint_best.pt", tmp_path, data=data,
-                                       log=lambda message: None)
+    scores = scoring.score_translation(recipe, tmp_path / "checkpoint_best.pt", tmp_path, log=lambda message: None)
     assert scores["sacrebleu"] == 100.0 and scores["chrf"] == 100.0 and "tokenized_bleu" not in scores
     argv = argvs[0]
     assert argv[argv.index("--post-process") + 1] == "sentencepiece" and "--remove-bpe" not in argv
     assert argv[argv.index("--source-lang") + 1] == "de" and argv[argv.index("--target-lang") + 1] == "en"
     (data / "raw" / "test.en").write_text("one line\n", encoding="utf-8")
-    with pytest.raises(RuntimeError, match="decoded 2 sentences .* has 1 lines"):
-        scoring.score_translation(recipe, tmp_path / "checkpoint_best.pt", tmp_path, data=data,
-                                  log=lambda message: None)
+    with pytest.raises(ConfigError, match="decoded 2 sentences .* has 1 lines"):
+        scoring.score_translation(recipe, tmp_path / "checkpoint_best.pt", tmp_path, log=lambda message: None)
 
 
 def test_text_configs_need_a_prepare_text_folder(tmp_path):
@@ -414,7 +412,7 @@ def test_text_configs_need_a_prepare_text_folder(tmp_path):
     plain.mkdir()
     recipe = load_config(REPO / "configs" / "text" / "bn.yaml", plain)
     with pytest.raises(ConfigError, match="source_lang and target_lang are null.*has none"):
-        check_data(recipe, plain)
+        check_data(recipe)
     data = fake_data(tmp_path / "bin", ["x"])
     with pytest.raises(ConfigError, match="lacks dict.de.txt"):
-        check_data(load_config(REPO / "configs" / "text" / "bn.yaml", data), data)
+        check_data(load_config(REPO / "configs" / "text" / "bn.yaml", data))

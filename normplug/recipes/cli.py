@@ -8,7 +8,10 @@ from normplug.tools.common import need_fairseq, positive
 
 from .commands import check_flags, check_visible_gpus, gpu_flags, train_argv
 from .config import load_config
-from .runs import check_data, dry_run_note, evaluate, evaluate_commands, reproduce, train, train_command
+from .passthrough import with_evaluation_arguments, with_training_arguments
+from .records import RUN_RECORD, as_trained, check_data, read_json
+from .runs import dry_run_note, evaluate, evaluate_commands, train, train_command
+from .table import reproduce, run_folder
 
 PROG = "normplug-recipe"
 
@@ -16,33 +19,44 @@ PROG = "normplug-recipe"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False, description=(
         "Run the recipes of configs/*.yaml: fairseq-train, the checkpoint they evaluate, its scores, the table. "
-        "Arguments after -- go to fairseq-train (train, reproduce) or fairseq-generate / -eval-lm (evaluate)."))
+        "Each run goes to OUT/<name> (OUT/<name>-seed<S> with --seeds). Arguments after -- go to fairseq-train "
+        "(train, reproduce: the table marks the run modified) or, for evaluate, only --gen-subset, "
+        "--source-lang, --target-lang and flags of speed; what else would change a score is refused."))
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     def command(name, help, config="config"):
         p = sub.add_parser(name, help=help, allow_abbrev=False)
         p.add_argument(config, nargs="+" if config == "configs" else None)
-        if name != "table":
-            p.add_argument("--data", help="binarized data folder (default: the config's)")
+        p.add_argument("--data", help="binarized data folder (default: the config's)")
+        if name != "check":
+            p.add_argument("--out", default="runs", help="folder of the runs, one subfolder a config and seed "
+                                                         "(default %(default)s)")
+            p.add_argument("--seeds", type=int, nargs="+", metavar="S", help="a run for each seed (fairseq's --seed), "
+                           "in OUT/<name>-seed<S> (default: one run with the config's seed, in OUT/<name>)")
         if name in ("train", "evaluate", "reproduce"):
             p.add_argument("--dry-run", action="store_true", help="print the commands it would run (fairseq-train, "
                            "normplug-average, fairseq-generate or fairseq-eval-lm); run and write nothing")
         if name in ("train", "reproduce"):
             p.add_argument("--gpus", type=positive, default=1, help="spread each run over N GPUs, update-freq divided "
                            "by N (the effective batch kept); BN statistics per GPU unless -- --bn-sync-stats (default 1)")
-        if name in ("reproduce", "table"):
-            p.add_argument("--out", default="runs/reproduce", help="output folder (default %(default)s)")
         return p
 
     command("train", "run fairseq-train from a config (fairseq-train arguments pass through)")
     p = command("evaluate", "pick/average checkpoints and score them: translation: decode, tokenized BLEU "
-                            "and sacreBLEU; language model: perplexity (fairseq-eval-lm)")
-    p.add_argument("--checkpoint-dir", help="save dir of the run (default checkpoints/<name>)")
+                            "and sacreBLEU; language model: perplexity (fairseq-eval-lm); TID of BN/PN models")
     p.add_argument("--checkpoint", help="evaluate this checkpoint instead of the config's choice")
     command("reproduce", "train + evaluate configs into --out; results.md/.csv there", "configs")
     command("table", "train and evaluate nothing: tabulate what the runs in --out left", "configs")
     command("check", "check configs: their format, their data folder, then fairseq-train's parser", "configs")
     return parser
+
+
+def each_seed(args, extra=()):
+    """(the recipe of each run asked: config, --data, fairseq-train arguments and seed; its run folder)."""
+    config = load_config(args.config, args.data)
+    for seed in args.seeds or [None]:
+        recipe = with_training_arguments(config, [*extra, *(["--seed", str(seed)] if args.seeds else [])])
+        yield recipe, run_folder(args.out, recipe, bool(args.seeds))
 
 
 def run(args, extra) -> int:
@@ -52,27 +66,32 @@ def run(args, extra) -> int:
     if args.cmd in ("train", "reproduce") and not dry:
         check_visible_gpus(args.gpus)
     if args.cmd in ("reproduce", "table"):
-        return reproduce(args.configs, args.out, extra=extra, data=getattr(args, "data", None),
-                         table_only=args.cmd == "table", dry_run=dry, gpus=getattr(args, "gpus", 1))
+        return reproduce(args.configs, args.out, extra=extra, data=args.data, table_only=args.cmd == "table",
+                         dry_run=dry, gpus=getattr(args, "gpus", 1), seeds=args.seeds)
     if args.cmd == "check":
         for path in args.configs:
             recipe = load_config(path, args.data)
-            check_data(recipe, args.data)
-            check_flags(recipe, train_argv(recipe, data=args.data, gpu=False, exe=False))
+            check_data(recipe)
+            check_flags(recipe, train_argv(recipe, "checkpoints", gpu=False, exe=False))
             print(f"{path}: ok ({recipe.name}, {recipe.train.get('arch')})")
         return 0
-    recipe = load_config(args.config, args.data)
+    if dry:
+        print(dry_run_note(args.gpus if args.cmd == "train" else None))
     if args.cmd == "train":
-        extra = gpu_flags(recipe, args.gpus) + extra
-    if args.cmd == "train" and dry:
-        print(dry_run_note(args.gpus), train_command(recipe, None, extra, args.data), sep="\n")
-    elif args.cmd == "train":
-        return train(recipe, extra=extra, data=args.data)
-    elif dry:
-        print(dry_run_note(), *evaluate_commands(recipe, args.checkpoint_dir, args.data, args.checkpoint, extra),
-              sep="\n")
-    else:
-        evaluate(recipe, args.checkpoint_dir, data=args.data, checkpoint=args.checkpoint, extra_generate=extra)
+        config = load_config(args.config, args.data)
+        for recipe, ckdir in each_seed(args, [*gpu_flags(config, args.gpus), *extra]):
+            rc = print(train_command(recipe, ckdir)) if dry else train(recipe, ckdir)
+            if rc:
+                return rc
+        return 0
+    for recipe, ckdir in each_seed(args):
+        if not args.checkpoint:  # the recipe its run was trained with: direction, seed, extra arguments
+            recipe = as_trained(recipe, read_json(ckdir / RUN_RECORD))
+        recipe = with_evaluation_arguments(recipe, extra)
+        if dry:
+            print(*evaluate_commands(recipe, ckdir, args.checkpoint), sep="\n")
+        else:
+            evaluate(recipe, ckdir, checkpoint=args.checkpoint)
     return 0
 
 

@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from normplug.errors import NormplugError
 from normplug.tools.common import atomic_path, fairseq_exe, first_line
 
 from .config import ConfigError, Recipe
+from .passthrough import split_extra
 
 PLUGIN_DIR = Path(normplug.__file__).resolve().parent  # what --user-dir imports
 
@@ -32,25 +34,13 @@ def _words(value) -> Optional[List[str]]:
     return [repr(v) if isinstance(v, float) else str(v) for v in (value if isinstance(value, list) else [value])]
 
 
-def split_extra(tokens: Sequence[str]) -> List[Tuple[str, List[str]]]:
-    """``['--lr', '1e-3', '--cpu']`` -> ``[('lr', ['1e-3']), ('cpu', [])]``."""
-    groups: List[Tuple[str, List[str]]] = []
-    for tok in tokens:
-        if tok.startswith("--") and len(tok) > 2:
-            key, eq, value = tok[2:].partition("=")
-            groups.append((key.replace("_", "-"), [value] if eq else []))
-        elif groups:
-            groups[-1][1].append(tok)
-        else:
-            raise ConfigError(f"extra argument {tok!r} does not follow a --flag "
-                              "(the data path comes from the config or --data)")
-    return groups
-
-
-def merged_flags(recipe: Recipe, extra: Sequence[str] = ()) -> Dict[str, List[str]]:
-    """The recipe's train flags, the extra arguments over them (an override goes last, in the log)."""
+def merged_flags(recipe: Recipe) -> Dict[str, List[str]]:
+    """The fairseq-train flags of a recipe: the config's, its seed, the extra arguments over them (an override
+    goes last, in the log)."""
     flags = {key: words for key, value in recipe.train.items() if (words := _words(value)) is not None}
-    for key, words in split_extra(extra):
+    flags.pop("seed", None)
+    flags["seed"] = [str(recipe.seed)]
+    for key, words in split_extra(recipe.train_extra):
         flags.pop(key, None)
         flags[key] = words
     return flags
@@ -64,29 +54,23 @@ def flag_changes(old: Dict[str, List[str]], new: Dict[str, List[str]]) -> str:
                      for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key))
 
 
-def recipe_changes(extra: Sequence[str]) -> List[str]:
-    """The extra fairseq-train arguments that change the recipe (``--save-dir`` does not)."""
-    return [w for key, words in split_extra(extra) if key != "save-dir" for w in ("--" + key, *words)]
-
-
 def use_gpu(gpu: Optional[bool] = None) -> bool:  # None: whether this machine has one
     return torch.cuda.is_available() if gpu is None else gpu
 
 
-def train_argv(recipe: Recipe, save_dir=None, extra: Sequence[str] = (), data=None,
-               gpu: Optional[bool] = None, exe: bool = True) -> List[str]:
+def train_argv(recipe: Recipe, save_dir, gpu: Optional[bool] = None, exe: bool = True) -> List[str]:
     """The full ``fairseq-train`` command line of a recipe (``exe`` False: its arguments only): ``--cpu``
     without a GPU, else one GPU, as the papers trained (fairseq 0.12 takes every visible GPU unless told;
     ``--distributed-world-size N`` among the extra arguments spreads a run, its BN statistics per GPU)."""
     languages = {f"{side}-lang": [lang] for side, lang in (("source", recipe.source_lang),
                                                             ("target", recipe.target_lang)) if lang}
-    flags = {"user-dir": [str(PLUGIN_DIR)], **languages, **merged_flags(recipe, extra)}
-    flags.setdefault("save-dir", [str(save_dir or recipe.default_save_dir())])
+    flags = {"user-dir": [str(PLUGIN_DIR)], **languages, **merged_flags(recipe),
+             "save-dir": [str(Path(save_dir).resolve())]}
     if "cpu" not in flags:
         flags.update({"distributed-world-size": flags.get("distributed-world-size", ["1"])} if use_gpu(gpu) else
                      {"cpu": []})
     argv = [fairseq_exe("fairseq-train")] if exe else []
-    argv.append(str(recipe.data_path(data)))
+    argv.append(str(recipe.data_path))
     for key, words in flags.items():
         argv += ["--" + key, *words]
     return argv
@@ -147,14 +131,15 @@ def check_stopping_rules(args, argv: Sequence[str]):
                                 "stops at once and exits 0; it reads 0 as no limit: leave the flag out for that)")
 
 
-def _scoring_argv(tool, recipe: Recipe, checkpoint, data, gpu, extra, flags, exe) -> List[str]:
-    """``tool`` (``exe`` False: its arguments only) on a checkpoint with ``flags``, --cpu without a GPU, ``extra``."""
-    return [*([fairseq_exe(tool)] if exe else []), str(recipe.data_path(data)), "--user-dir", str(PLUGIN_DIR),
-            "--path", str(checkpoint), *flags, *([] if use_gpu(gpu) else ["--cpu"]), *extra]
+def _scoring_argv(tool, recipe: Recipe, checkpoint, gpu, flags, exe) -> List[str]:
+    """``tool`` (``exe`` False: its arguments only) on a checkpoint with ``flags``, --cpu without a GPU, and
+    the recipe's evaluation arguments."""
+    gpu_or_cpu = [] if use_gpu(gpu) or "--cpu" in recipe.evaluate_extra else ["--cpu"]
+    return [*([fairseq_exe(tool)] if exe else []), str(recipe.data_path), "--user-dir", str(PLUGIN_DIR),
+            "--path", str(checkpoint), *flags, *gpu_or_cpu, *recipe.evaluate_extra]
 
 
-def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = None,
-                  extra: Sequence[str] = (), exe: bool = True) -> List[str]:
+def generate_argv(recipe: Recipe, checkpoint, gpu: Optional[bool] = None, exe: bool = True) -> List[str]:
     """``fairseq-generate`` with the recipe's decoding settings."""
     ev = recipe.evaluate
     languages = ["--source-lang", recipe.source_lang, "--target-lang", recipe.target_lang] if recipe.source_lang else []
@@ -168,7 +153,7 @@ def generate_argv(recipe: Recipe, checkpoint, data=None, gpu: Optional[bool] = N
         flags += ["--post-process" if ev["remove_bpe"] == "sentencepiece" else "--remove-bpe", ev["remove_bpe"]]
     if ev["model_overrides"]:
         flags += ["--model-overrides", python_dict(ev["model_overrides"])]
-    return _scoring_argv("fairseq-generate", recipe, checkpoint, data, gpu, extra, flags, exe)
+    return _scoring_argv("fairseq-generate", recipe, checkpoint, gpu, flags, exe)
 
 
 def python_dict(mapping) -> str:
@@ -196,14 +181,14 @@ def check_visible_gpus(gpus: int, flag: str = "--gpus"):
                           f"the {gpus}-GPU command lines on any machine")
 
 
-def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, data=None, gpu: Optional[bool] = None,
-                 extra: Sequence[str] = (), exe: bool = True) -> List[str]:
+def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, gpu: Optional[bool] = None,
+                 exe: bool = True) -> List[str]:
     """``fairseq-eval-lm`` on windows of the training length, each scoring its last tokens after context_window."""
     ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
     flags = ["--task", "language_modeling", "--gen-subset", ev["gen_subset"], "--sample-break-mode", "none",
              "--tokens-per-sample", str(length), "--context-window", str(context_window),
              "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
-    return _scoring_argv("fairseq-eval-lm", recipe, checkpoint, data, gpu, extra, flags, exe)
+    return _scoring_argv("fairseq-eval-lm", recipe, checkpoint, gpu, flags, exe)
 
 
 def child_env(threads: Optional[int] = None) -> Dict[str, str]:
@@ -240,11 +225,19 @@ def run_logged(argv, log_path=None, echo=None, env=None, mode="w") -> Tuple[int,
 
 
 def run_checked(argv, what: str, log_path) -> str:
-    """:func:`run_logged`, its output returned; a failure raises its tail."""
+    """:func:`run_logged`, its output returned; a failure raises the tool's own last error line."""
     rc, text = run_logged(argv, log_path)
     if rc != 0:
-        raise RuntimeError(f"{what} failed (exit {rc}); see {log_path}:\n{text[-3000:]}")
+        raise RuntimeError(f"{what} failed (exit {rc}): {last_error(text)} (full log: {log_path})")
     return text
+
+
+def last_error(text: str) -> str:
+    """The last ``SomeError: message`` line of a Python tool's output (a traceback's last word), else its last
+    line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"([\w.]+(Error|Exception)|KeyboardInterrupt)(: |$)", line)]
+    return (errors or lines or ["(no output)"])[-1]
 
 
 def write_atomic(path: Path, text: str):

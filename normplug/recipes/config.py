@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import yaml
 
@@ -75,6 +75,9 @@ class Recipe:
     shares_training_with: Optional[str] = None
     source_lang: Optional[str] = None  # translation
     target_lang: Optional[str] = None
+    seed: int = 1  # fairseq-train's --seed: the config's, or the one the driver was given
+    train_extra: Tuple[str, ...] = ()  # fairseq-train arguments over the config's: a changed run
+    evaluate_extra: Tuple[str, ...] = ()  # fairseq-generate / -eval-lm arguments that change speed, not scores
 
     @property
     def training_name(self) -> str:  # this config's run, or the one it shares
@@ -87,11 +90,13 @@ class Recipe:
     def train_value(self, flag: str):  # written with dashes or underscores
         return self.train.get(flag, self.train.get(flag.replace("-", "_")))
 
-    def data_path(self, override=None) -> Path:
-        return Path(override or self.data).resolve()
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data).resolve()
 
-    def default_save_dir(self) -> Path:
-        return Path("checkpoints", self.training_name).resolve()
+    @property
+    def detok_lang(self) -> str:  # sacremoses' language: the config's, or the target language
+        return self.evaluate.get("detok_lang") or self.target_lang
 
 
 def task_name(train) -> str:
@@ -193,9 +198,14 @@ def load_config(path, data=None) -> "Recipe":
     for key in ("average_last_epochs", "average_last_updates", "beam", "batch_size"):
         if ev.get(key) is not None and ev[key] < 1:
             raise ConfigError(f"{path}: evaluate: {key!r} must be >= 1, got {ev[key]}")
+    if data is not None:
+        top["data"] = str(Path(data).resolve())
     if name == "translation" and None in (top["source_lang"], top["target_lang"]):
-        top.update(data_languages(Path(data or top["data"])))
-    top.update(evaluate=ev, path=path)
+        top.update(data_languages(Path(top["data"])))
+    seed = top["train"].get("seed", 1)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"{path}: train: 'seed' must be a whole number >= 0, got {seed!r}")
+    top.update(evaluate=ev, path=path, seed=seed)
     top["published"] = None if top["published"] is None else float(top["published"])
     recipe = Recipe(**top)
     (check_translation if name == "translation" else check_language_model)(recipe)
@@ -212,15 +222,14 @@ def data_languages(folder: Path) -> Dict[str, Optional[str]]:
     return {key: info.get(key) for key in ("source_lang", "target_lang")}
 
 
-def raw_references_path(recipe: Recipe, folder) -> str:
+def raw_references_path(recipe: Recipe) -> Path:
     """The raw text that scripts/prepare-text.sh kept of the evaluated split's target side."""
-    return str(Path(folder, "raw", f"{recipe.evaluate['gen_subset']}.{recipe.target_lang}"))
+    return recipe.data_path / "raw" / f"{recipe.evaluate['gen_subset']}.{recipe.target_lang}"
 
 
 def check_translation(recipe: Recipe):
     """sacreBLEU's language and references."""
     ev = recipe.evaluate
-    ev["detok_lang"] = ev["detok_lang"] or recipe.target_lang
     if ev["raw_references"] and ev["sacrebleu_test_set"] is not None:
         raise ConfigError(f"{recipe.path}: evaluate: raw_references and sacrebleu_test_set both name the "
                           "references: set one")

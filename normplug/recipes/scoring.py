@@ -5,8 +5,8 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .commands import eval_lm_argv, generate_argv, run_checked
-from .config import Recipe, raw_references_path
+from .commands import eval_lm_argv, generate_argv, run_checked, write_atomic
+from .config import ConfigError, Recipe, raw_references_path
 
 
 def parse_generate(text: str) -> Tuple[List[str], List[str]]:
@@ -72,19 +72,21 @@ def score(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str],
     tok, detail = tokenized_bleu(hyps, refs, lowercase=ev["lowercase"], split=ev["compound_split"])
     case = "lowercased" if ev["lowercase"] else "cased"
     if official is None:
-        sacre_refs, label = detokenize(refs, ev["detok_lang"]), f"{case} references of the binarized test set, " \
+        sacre_refs, label = detokenize(refs, recipe.detok_lang), f"{case} references of the binarized test set, " \
             "sacremoses-detokenized"
     else:
         test_set, pair = ev["sacrebleu_test_set"], f"{recipe.source_lang}-{recipe.target_lang}"
         if len(official) != len(hyps):
-            raise RuntimeError(f"the binarized {ev['gen_subset']} set has {len(hyps)} sentences, the "
+            raise ConfigError(f"the binarized {ev['gen_subset']} set has {len(hyps)} sentences, the "
                                f"official {test_set} {pair} references {len(official)}: sacreBLEU "
                                "needs the same test set, in its order")
         sacre_refs, label = official, f"official {test_set} {pair} references ({case})"
     from sacrebleu.metrics import BLEU
     bleu = BLEU(lowercase=ev["lowercase"])
-    sacre = bleu.corpus_score(detokenize(hyps, ev["detok_lang"]), [list(sacre_refs)]).score
-    return {"tokenized_bleu": round(tok, 2), "tokenized_bleu_detail": detail,
+    detok = detokenize(hyps, recipe.detok_lang)
+    sacre = bleu.corpus_score(detok, [list(sacre_refs)]).score
+    return {"hypotheses_scored": detok, "references_scored": list(sacre_refs),
+            "tokenized_bleu": round(tok, 2), "tokenized_bleu_detail": detail,
             "tokenized_bleu_settings": {k: ev[k] for k in ("lowercase", "compound_split", "remove_bpe")},
             "sacrebleu": round(sacre, 2), "sacrebleu_signature": str(bleu.get_signature()),
             "sacrebleu_references": label}
@@ -94,35 +96,60 @@ def score_detokenized(recipe: Recipe, hyps: Sequence[str], refs: Sequence[str], 
     """sacreBLEU (its tokenizer for the target language) and chrF of detokenized hypotheses against raw references."""
     from sacrebleu.metrics import BLEU, CHRF
     if len(refs) != len(hyps):
-        raise RuntimeError(f"fairseq-generate decoded {len(hyps)} sentences of the {recipe.evaluate['gen_subset']} "
+        raise ConfigError(f"fairseq-generate decoded {len(hyps)} sentences of the {recipe.evaluate['gen_subset']} "
                            f"split, and {label} has {len(refs)} lines: not the text of that split")
     bleu, chrf = BLEU(trg_lang=recipe.target_lang), CHRF()
-    return {"sacrebleu": round(bleu.corpus_score(hyps, [list(refs)]).score, 2),
+    return {"hypotheses_scored": list(hyps), "references_scored": list(refs),
+            "sacrebleu": round(bleu.corpus_score(hyps, [list(refs)]).score, 2),
             "sacrebleu_signature": str(bleu.get_signature()), "sacrebleu_references": label,
             "chrf": round(chrf.corpus_score(hyps, [list(refs)]).score, 2), "chrf_signature": str(chrf.get_signature())}
 
 
-def score_translation(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, extra=(), log=print):
-    """Decode the test set with fairseq-generate and score it (:func:`score`; :func:`score_detokenized` against
-    the raw references of a scripts/prepare-text.sh corpus)."""
+def score_translation(recipe: Recipe, checkpoint: Path, ckdir: Path, gpu=None, log=print):
+    """Decode the split with fairseq-generate and score it (:func:`score`; :func:`score_detokenized` against
+    the raw references of a scripts/prepare-text.sh corpus). The hypotheses and references sacreBLEU scored
+    are written beside the scores (hypotheses-<name>.txt, references-<name>.txt) for paired tests."""
+    from .runs import scores_path
     test_set = recipe.evaluate["sacrebleu_test_set"]  # fetched before decoding: offline fails at once
     official = official_references(test_set, f"{recipe.source_lang}-{recipe.target_lang}") if test_set else None
-    argv = generate_argv(recipe, checkpoint, data=data, extra=extra)
+    argv = generate_argv(recipe, checkpoint, gpu=gpu)
     log("$ " + shlex.join(argv))
-    hyps, refs = parse_generate(run_checked(argv, "fairseq-generate", ckdir / f"generate-{recipe.name}.txt"))
+    hyps, refs = parse_generate(run_checked(argv, "fairseq-generate", scores_path(recipe, ckdir, "generate", ".txt")))
     if recipe.evaluate["raw_references"]:
-        path = Path(raw_references_path(recipe, recipe.data_path(data)))
+        path = raw_references_path(recipe)
         with open(path, encoding="utf-8", newline="\n") as f:
             raw = [line[:-1] if line.endswith("\n") else line for line in f]
         scores = {"sentences": len(hyps), **score_detokenized(recipe, hyps, raw, f"raw references {path}")}
         log(f"{recipe.name}: sacreBLEU {scores['sacrebleu']:.2f} {scores['sacrebleu_signature']}; chrF "
             f"{scores['chrf']:.2f} {scores['chrf_signature']} (against {path})")
-        return scores
-    scores = {"sentences": len(hyps), **score(recipe, hyps, refs, official)}
-    log(f"{recipe.name}: tokenized BLEU {scores['tokenized_bleu']:.2f} ({scores['tokenized_bleu_detail']})")
-    log(f"{recipe.name}: sacreBLEU {scores['sacrebleu']:.2f} on the {scores['sacrebleu_references']}  "
-        f"{scores['sacrebleu_signature']}")
+    else:
+        scores = {"sentences": len(hyps), **score(recipe, hyps, refs, official)}
+        log(f"{recipe.name}: tokenized BLEU {scores['tokenized_bleu']:.2f} ({scores['tokenized_bleu_detail']})")
+        log(f"{recipe.name}: sacreBLEU {scores['sacrebleu']:.2f} on the {scores['sacrebleu_references']}  "
+            f"{scores['sacrebleu_signature']}")
+    for kind in ("hypotheses", "references"):
+        path = scores_path(recipe, ckdir, kind, ".txt")
+        write_atomic(path, "".join(line + "\n" for line in scores.pop(kind + "_scored")))
+        scores[kind] = path.name
     return scores
+
+
+def measure_tid(recipe: Recipe, checkpoint: Path, gpu=None, log=print) -> Dict[str, object]:
+    """TID of a BN/PN model (normplug-tid) on the first validation split at the training batch size (TID grows as
+    batches shrink), averaged over its layers; nothing for a model without batch statistics."""
+    from normplug.tools import tid
+    from normplug.tools.common import load_model
+    from .commands import use_gpu
+    model, task, _ = load_model(str(checkpoint), str(recipe.data_path))
+    if not model.batch_stat_norms():
+        return {}
+    split = str(recipe.train_value("valid-subset") or "valid").split(",")[0]
+    max_tokens = recipe.train_value("max-tokens") or 4096
+    layers = tid.measure(model, task, split, max_tokens, "cuda" if use_gpu(gpu) else "cpu")
+    mean, var = tid.mean_over_layers(layers)
+    log(f"{recipe.name}: TID on {split} (max tokens {max_tokens}), mean over {len(layers)} layers: mean "
+        f"{'n/a' if mean is None else f'{mean:.4f}'}, variance {var:.4f}")
+    return {"tid_mean": mean, "tid_var": var, "tid_split": split, "tid_max_tokens": max_tokens}
 
 
 def parse_eval_lm(text: str) -> Tuple[int, float]:
@@ -134,18 +161,20 @@ def parse_eval_lm(text: str) -> Tuple[int, float]:
     return int(tokens[0].replace(",", "")), float(bits[0])
 
 
-def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, data=None, extra=(), log=print):
+def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, gpu=None, log=print):
     """Test perplexity = 2 ** (fairseq-eval-lm's mean loss in bits), on non-overlapping windows of the
     training length (the published figure) and fairseq's sliding window, each scoring every token of the
     split (check_data saw it): fairseq-eval-lm skips windows longer than the model's positions."""
     from fairseq.data import data_utils
+
+    from .runs import scores_path
     ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
-    dataset = data_utils.load_indexed_dataset(str(recipe.data_path(data) / ev["gen_subset"]), None)
+    dataset = data_utils.load_indexed_dataset(str(recipe.data_path / ev["gen_subset"]), None)
     expected = int(dataset.sizes.sum())  # end-of-line symbols included
     scores = {"tokens": expected}
     for prefix, context in (("", 0), ("sliding_window_", ev["context_window"])):
-        argv = eval_lm_argv(recipe, checkpoint, context, data=data, extra=extra)
-        log_path = ckdir / f"eval-lm-{recipe.name}{'-sliding' if context else ''}.log"
+        argv = eval_lm_argv(recipe, checkpoint, context, gpu=gpu)
+        log_path = scores_path(recipe, ckdir, "eval-lm-sliding" if context else "eval-lm", ".log")
         log("$ " + shlex.join(argv))
         tokens, bits = parse_eval_lm(run_checked(argv, "fairseq-eval-lm", log_path))
         if tokens != expected:

@@ -99,22 +99,31 @@ def run(args):
         raise ToolError(f"checkpoint not found: {missing[0]}")
     device = device_for(args)
     results = []
-    for path in paths:
+    for path in paths:  # in the order given; a save dir's oldest first
         model, task, info = load_model(path, args.data)
         if not model.batch_stat_norms():
             raise ToolError(f"{path} has no BN/PN layer (no batch-statistics norm); TID is defined "
                             "for 'batch' and 'power' norms only")
-        model.to(device)  # in eval mode: every layer normalises as at inference
-        with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
-            for sample in iterate_batches(task, model, args.split, args.max_tokens, args.max_batches,
-                                          args.seed):
-                run_model(model, sample, device)
-        layers = meter.results()
-        if all(layer.batches == 0 for layer in layers):
-            raise ToolError(f"split {args.split!r} gave no batch with 2 or more real tokens")
-        results.append((info, layers))
-    results.sort(key=lambda r: tuple(math.inf if v is None else v for v in (r[0].num_updates, r[0].epoch)))
+        results.append((info, measure(model, task, args.split, args.max_tokens, device, args.max_batches, args.seed)))
     return results
+
+
+def measure(model, task, split: str, max_tokens: int, device, max_batches=None, seed=1) -> List[LayerTID]:
+    """TID of every BN/PN layer of ``model`` on ``split`` (its batches of ``max_tokens``), in eval mode."""
+    model.to(device)  # in eval mode: every layer normalises as at inference
+    with TIDMeter(model.batch_stat_norms()) as meter, torch.no_grad():
+        for sample in iterate_batches(task, model, split, max_tokens, max_batches, seed):
+            run_model(model, sample, device)
+    layers = meter.results()
+    if all(layer.batches == 0 for layer in layers):
+        raise ToolError(f"split {split!r} gave no batch with 2 or more real tokens")
+    return layers
+
+
+def mean_over_layers(layers: List[LayerTID]):
+    """(mean TID or None where no layer has a mean statistic, variance TID), each averaged over the layers."""
+    means = [layer.tid_mean for layer in layers if layer.tid_mean is not None]
+    return (sum(means) / len(means) if means else None), sum(layer.tid_var for layer in layers) / len(layers)
 
 
 def _label(info, path):
