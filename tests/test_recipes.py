@@ -600,9 +600,9 @@ def test_check_refuses_data_the_config_cannot_use(tmp_path, tiny_data, lm_data, 
 @pytest.mark.slow
 def test_bad_flag_on_the_command_line_writes_nothing(tmp_path, tiny_data):
     """A typo in a fairseq-train flag: one line, before a save dir or run record exists."""
-    save, good = tmp_path / "run", tmp_path / "good.yaml"
+    save, good = tmp_path / "runs", tmp_path / "good.yaml"
     good.write_text(GOOD)
-    proc = _cli("train", good, "--data", tiny_data, "--save-dir", save, "--max-epochs", "3")
+    proc = _cli("train", good, "--data", tiny_data, "--out", save, "--max-epochs", "3")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [f"normplug-recipe: error: {good}: "
                                         "fairseq-train refuses its arguments: unrecognized arguments: "

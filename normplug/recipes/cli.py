@@ -6,11 +6,12 @@ import sys
 from normplug.errors import NormplugError
 from normplug.tools.common import need_fairseq, positive
 
-from .commands import check_flags, check_visible_gpus, gpu_flags, train_argv
-from .config import load_config
+from .commands import check_flags, check_visible_gpus, train_argv
+from .config import ConfigError, load_config
 from .passthrough import with_evaluation_arguments, with_training_arguments
 from .records import RUN_RECORD, as_trained, check_data, read_json
-from .runs import dry_run_note, evaluate, evaluate_commands, train, train_command
+from .launch import MASTER_PORT, Launch, launcher_processes
+from .runs import dry_run_note, evaluate, evaluate_commands, train, train_commands
 from .table import reproduce, run_folder
 
 PROG = "normplug-recipe"
@@ -37,8 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--dry-run", action="store_true", help="print the commands it would run (fairseq-train, "
                            "normplug-average, fairseq-generate or fairseq-eval-lm); run and write nothing")
         if name in ("train", "reproduce"):
-            p.add_argument("--gpus", type=positive, default=1, help="spread each run over N GPUs, update-freq divided "
-                           "by N (the effective batch kept); BN statistics per GPU unless -- --bn-sync-stats (default 1)")
+            p.add_argument("--gpus", type=positive, default=1, help="spread each run over N GPUs (of each node), "
+                           "update-freq divided by the processes (the effective batch kept); BN statistics per GPU "
+                           "unless -- --bn-sync-stats (default 1)")
+            p.add_argument("--nodes", type=positive, default=1, help="nodes of the run: run the same command on each, "
+                           "with its --node-rank; torchrun on GPU nodes, one gloo process a node without (default 1)")
+            p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 .. nodes-1 (default 0)")
+            p.add_argument("--master-addr", metavar="HOST", help="node 0's address, reached by every node")
+            p.add_argument("--master-port", type=positive, default=MASTER_PORT, help="a free port on node 0 (default "
+                           "%(default)s; the next one too, for the driver's own rendezvous)")
         return p
 
     command("train", "run fairseq-train from a config (fairseq-train arguments pass through)")
@@ -59,15 +67,27 @@ def each_seed(args, extra=()):
         yield recipe, run_folder(args.out, recipe, bool(args.seeds))
 
 
+def node_launch(args, dry: bool) -> Launch:
+    """This node's part of the run asked; refused under a launcher that started several drivers."""
+    launch = Launch(args.gpus, args.nodes, args.node_rank, args.master_addr, args.master_port)
+    started = launcher_processes()
+    if started and not dry:
+        raise ConfigError(f"{PROG} was started as one of {started} processes by torchrun or srun: each would train "
+                          f"alone; run it once a node with --nodes N --node-rank R --master-addr HOST (it starts "
+                          "torchrun itself), or run fairseq-train under your launcher (README: More than one machine)")
+    if not dry:
+        check_visible_gpus(args.gpus)
+    return launch
+
+
 def run(args, extra) -> int:
     dry = getattr(args, "dry_run", False)
     if args.cmd != "table" and not dry:
         need_fairseq(f"{PROG} {args.cmd}")
-    if args.cmd in ("train", "reproduce") and not dry:
-        check_visible_gpus(args.gpus)
+    launch = node_launch(args, dry) if args.cmd in ("train", "reproduce") else Launch()
     if args.cmd in ("reproduce", "table"):
         return reproduce(args.configs, args.out, extra=extra, data=args.data, table_only=args.cmd == "table",
-                         dry_run=dry, gpus=getattr(args, "gpus", 1), seeds=args.seeds)
+                         dry_run=dry, launch=launch, seeds=args.seeds)
     if args.cmd == "check":
         for path in args.configs:
             recipe = load_config(path, args.data)
@@ -76,11 +96,13 @@ def run(args, extra) -> int:
             print(f"{path}: ok ({recipe.name}, {recipe.train.get('arch')})")
         return 0
     if dry:
-        print(dry_run_note(args.gpus if args.cmd == "train" else None))
+        print(dry_run_note(launch if args.cmd == "train" else None))
     if args.cmd == "train":
         config = load_config(args.config, args.data)
-        for recipe, ckdir in each_seed(args, [*gpu_flags(config, args.gpus), *extra]):
-            rc = print(train_command(recipe, ckdir)) if dry else train(recipe, ckdir)
+        if launch.batch_note(config):
+            print(launch.batch_note(config))
+        for recipe, ckdir in each_seed(args, [*launch.batch_flags(config), *extra]):
+            rc = print(*train_commands(recipe, ckdir, launch), sep="\n") if dry else train(recipe, ckdir, launch=launch)
             if rc:
                 return rc
         return 0

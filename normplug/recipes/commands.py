@@ -76,22 +76,11 @@ def train_argv(recipe: Recipe, save_dir, gpu: Optional[bool] = None, exe: bool =
     return argv
 
 
-def gpu_flags(recipe: Recipe, gpus: int = 1) -> List[str]:
-    """fairseq-train arguments that spread a recipe over ``gpus`` GPUs with its effective batch (max tokens x
-    update-freq x GPUs) kept: update-freq divided by ``gpus``. BN statistics stay per GPU (fairseq's default)
-    unless the plugin's --bn-sync-stats is among the extra arguments."""
-    freq = str(recipe.train_value("update-freq") or 1)
-    if gpus > 1 and (not freq.isdigit() or int(freq) % gpus):
-        raise ConfigError(f"--gpus {gpus} does not divide the update-freq {freq} of {recipe.path}: the effective "
-                          f"batch would change; pick a number of GPUs that divides {freq}")
-    return ["--distributed-world-size", str(gpus), "--update-freq", str(int(freq) // gpus)] if gpus > 1 else []
-
-
 _FAIRSEQ_PARSER = threading.Lock()
 STOPPING_RULES = ("max-epoch", "max-update")
 
 
-def check_flags(recipe: Recipe, argv: Sequence[str]):
+def check_flags(recipe: Recipe, argv: Sequence[str], processes_here: Optional[int] = None):
     """Refuse, in one line naming the config, what fairseq-train would refuse of ``argv`` (no executable) or
     train nothing with: its parser, a stopping rule <= 0, more GPUs than visible, and the plugin's checks of
     the task, model and criterion it builds (built here on the meta device: shapes only, no data read)."""
@@ -102,7 +91,9 @@ def check_flags(recipe: Recipe, argv: Sequence[str]):
         try:
             args = options.parse_args_and_arch(options.get_training_parser(), list(argv))
             check_stopping_rules(args, argv)
-            if args.distributed_init_method is None:  # workers started by hand (gloo on CPUs) name theirs
+            if processes_here:  # one node's share of a run over several
+                check_visible_gpus(processes_here)
+            elif args.distributed_init_method is None:  # workers started by hand (gloo on CPUs) name theirs
                 check_visible_gpus(args.distributed_world_size, "--distributed-world-size")
             task = tasks.setup_task(args)
             with torch.device("meta"):
@@ -236,7 +227,7 @@ def last_error(text: str) -> str:
     """The last ``SomeError: message`` line of a Python tool's output (a traceback's last word), else its last
     line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if re.match(r"([\w.]+(Error|Exception)|KeyboardInterrupt)(: |$)", line)]
+    errors = [line for line in lines if re.match(r"([\w.]*(Error|Exception)|KeyboardInterrupt)(: |$)", line)]
     return (errors or lines or ["(no output)"])[-1]
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 from .commands import (check_flags, child_env, command_line, eval_lm_argv, generate_argv, run_logged, train_argv,
-                       write_atomic)
+                       use_gpu, write_atomic)
+from .launch import Launch, share_resume_point
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
 from .records import RUN_RECORD, as_trained, check_record, config_changes, direction, prior_run, read_json
 from .scoring import measure_tid, score_language_model, score_translation
@@ -30,18 +31,24 @@ def epoch_progress(name: str, log_path: Path, log=print) -> Callable[[str], None
 
 
 def train(recipe: Recipe, save_dir: Path, gpu: Optional[bool] = None, threads: Optional[int] = None,
-          echo=lambda line: print(line, end="", flush=True), log=print) -> int:
+          echo=lambda line: print(line, end="", flush=True), log=print, launch: Launch = Launch()) -> int:
     """fairseq-train into ``save_dir`` (train.log, run record), or nothing when a run there finished with the
-    same flags on the same data. Returns fairseq-train's exit status; ^C leaves a record a relaunch resumes."""
-    save_dir = Path(save_dir)
+    same flags on the same data; ``launch``: this node's part of a run over several. Returns fairseq-train's exit
+    status; ^C leaves a record a relaunch resumes."""
+    save_dir, gpu = Path(save_dir), use_gpu(gpu)
     run, identity, flags = prior_run(recipe, save_dir)
     if run and run.get("rc") == 0 and not run.get("error"):
         # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
         log(f"== {recipe.name}: reusing the finished run in {save_dir}")
         return 0
-    argv = train_argv(recipe, save_dir, gpu=gpu)
-    check_flags(recipe, argv[1:])
+    argv = launch.command(train_argv(recipe, save_dir, gpu=gpu), gpu)
+    check_flags(recipe, argv[argv.index(str(recipe.data_path)):], processes_here=launch.gpus if gpu else None)
     save_dir.mkdir(parents=True, exist_ok=True)
+    if launch.nodes > 1:
+        share_resume_point(launch, save_dir, log)
+    if not launch.writes_record:  # node 0 keeps the record and the checkpoints
+        log(f"$ {command_line(argv)}")
+        return run_logged(argv, save_dir / "train.log", echo, child_env(threads), "a")[0]
     record, t0 = {"config": str(recipe.path), "flags": flags, "extra": list(recipe.train_extra), "seed": recipe.seed,
                   "source_lang": recipe.source_lang, "target_lang": recipe.target_lang, **identity, "rc": None,
                   "device": "cpu" if "--cpu" in argv else "gpu"}, time.time()
@@ -116,9 +123,14 @@ def choose_checkpoint(recipe: Recipe, ckdir: Path, log=print) -> Tuple[Path, Lis
     return out, chosen
 
 
-def train_command(recipe: Recipe, save_dir) -> str:
-    """What :func:`train` runs on a GPU machine, as a reader would type it."""
-    return command_line(["fairseq-train", *train_argv(recipe, save_dir, gpu=True, exe=False)])
+def train_commands(recipe: Recipe, save_dir, launch: Launch = Launch()) -> List[str]:
+    """What :func:`train` runs on this node of a GPU run, as a reader would type it; over several nodes, the same
+    run as a SLURM job step after it."""
+    argv = ["fairseq-train", *train_argv(recipe, save_dir, gpu=True, exe=False)]
+    if launch.nodes == 1:
+        return [command_line(argv)]
+    return [command_line(launch.command(argv, gpu=True, exe=False)), "# or, the same run as one SLURM job step (every node at "
+            "once; fairseq reads its ranks from SLURM):", command_line(launch.srun_line(argv))]
 
 
 def evaluate_commands(recipe: Recipe, ckdir: Path, checkpoint=None) -> List[str]:
@@ -139,9 +151,15 @@ def evaluate_commands(recipe: Recipe, ckdir: Path, checkpoint=None) -> List[str]
     return [command_line(argv) for argv in argvs]
 
 
-def dry_run_note(gpus: Optional[int] = None) -> str:
+def dry_run_note(launch: Optional[Launch] = None) -> str:
     """The comment line above what --dry-run prints: the GPU run, whatever machine prints it."""
-    where = "a GPU" if gpus is None else f"{gpus} GPU{'s' * (gpus > 1)} (--distributed-world-size {gpus})"
+    if launch is None:
+        where = "a GPU"
+    elif launch.nodes == 1:
+        where = f"{launch.gpus} GPU{'s' * (launch.gpus > 1)} (--distributed-world-size {launch.gpus})"
+    else:
+        where = (f"node {launch.node_rank} of {launch.nodes} nodes x {launch.gpus} GPU{'s' * (launch.gpus > 1)} "
+                 f"(--distributed-world-size {launch.world_size}; run it on every node with its --node-rank)")
     return f"# the command lines as the driver runs them on {where}; on a machine without a GPU it adds --cpu"
 
 

@@ -6,12 +6,13 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .commands import check_flags, gpu_flags, train_argv, write_atomic
+from .commands import check_flags, train_argv, use_gpu, write_atomic
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe, load_config
+from .launch import Launch
 from .passthrough import with_training_arguments
 from .records import RUN_RECORD, prior_run, read_json, row_status
 from .runs import (describe_choice, dry_run_note, epoch_progress, evaluate, evaluate_commands, scores_path, train,
-                   train_command)
+                   train_commands)
 
 # scores shown beside the published one: sacreBLEU (translation), fairseq's sliding window (LM)
 SECOND_SCORES = ("sacrebleu", "sacrebleu_references", "sacrebleu_signature", "chrf", "chrf_signature",
@@ -162,39 +163,43 @@ def scored_already(recipe: Recipe, ckdir: Path) -> bool:
         {k: v for k, v in recipe.evaluate.items() if k not in CHECKPOINT_CHOICES}
 
 
-def training_failure(recipe: Recipe, ckdir: Path, log) -> Optional[str]:
+def training_failure(recipe: Recipe, ckdir: Path, launch: Launch, log) -> Optional[str]:
     """:func:`train` into ``ckdir``, its progress one line an epoch: why it failed, or None."""
     try:
-        rc = train(recipe, ckdir, echo=epoch_progress(recipe.name, ckdir / "train.log", log), log=log)
+        rc = train(recipe, ckdir, echo=epoch_progress(recipe.name, ckdir / "train.log", log), log=log, launch=launch)
     except RuntimeError as err:
         return str(err)
     return f"fairseq-train exited {rc}; see {ckdir / 'train.log'}" if rc else None
 
 
 def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None, table_only=False,
-              dry_run=False, gpus=1, seeds: Optional[Sequence[int]] = None, log=print) -> int:
+              dry_run=False, launch: Launch = Launch(), seeds: Optional[Sequence[int]] = None, log=print) -> int:
     """Train and evaluate each config, with each of ``seeds`` (default: the config's), into ``out/<training
     name>[-seed<S>]`` (``table_only``: only read what runs left there; ``dry_run``: print the commands, touch
-    nothing; ``gpus``: see :func:`gpu_flags`); results.md / results.csv in ``out``. Returns an exit status."""
+    nothing; ``launch``: the GPUs and nodes of each run); results.md / results.csv in ``out``. Node 0 evaluates
+    and tabulates; the other nodes only train. Returns an exit status."""
     out = Path(out)
     if table_only and extra:
         raise ConfigError(f"table trains nothing: extra fairseq-train arguments ({' '.join(extra)}) have no effect")
     configs = [load_config(p, data) for p in config_paths]  # every config is checked before any work
-    runs = [(config, with_training_arguments(config, [*gpu_flags(config, gpus), *extra,
+    runs = [(config, with_training_arguments(config, [*launch.batch_flags(config), *extra,
                                                       *(["--seed", str(seed)] if seeds else [])]))
             for config in configs for seed in (seeds or [None])]
     if dry_run:
-        log(dry_run_note(gpus))
+        log(dry_run_note(launch))
         for i, (_, recipe) in enumerate(runs):  # a shared training once
             ckdir = run_folder(out, recipe, bool(seeds))
             first = all(run_folder(out, r, bool(seeds)) != ckdir for _, r in runs[:i])
             log("\n".join([f"# {recipe.name}" + f" (seed {recipe.seed})" * bool(seeds),
-                           *[train_command(recipe, ckdir)] * first, *evaluate_commands(recipe, ckdir)]))
+                           *(train_commands(recipe, ckdir, launch) if first else []),
+                           *(evaluate_commands(recipe, ckdir) if launch.writes_record else [])]))
         return 0
     for _, recipe in [] if table_only else runs:
         ckdir = run_folder(out, recipe, bool(seeds))
         prior_run(recipe, ckdir)
-        check_flags(recipe, train_argv(recipe, ckdir, exe=False))
+        check_flags(recipe, train_argv(recipe, ckdir, exe=False), processes_here=launch.gpus if use_gpu() else None)
+    for note in {launch.batch_note(config) for config in configs} - {None}:
+        log(note)
     out.mkdir(parents=True, exist_ok=True)
     rows, trained, failed = [], {}, 0
     for config, recipe in runs:
@@ -203,9 +208,11 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
             if not table_only:
                 if ckdir not in trained:  # its failure, or None
                     log(f"== {recipe.name}: training into {ckdir} (log: {ckdir / 'train.log'})")
-                    trained[ckdir] = training_failure(recipe, ckdir, log)
+                    trained[ckdir] = training_failure(recipe, ckdir, launch, log)
                 if trained[ckdir]:
                     raise RuntimeError(trained[ckdir])
+                if not launch.writes_record:
+                    continue
                 if scored_already(recipe, ckdir):
                     log(f"== {recipe.name}: evaluated already ({scores_path(recipe, ckdir)})")
                 else:
@@ -218,6 +225,9 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
             log(f"== {recipe.name}: {row['status']}")
         rows.append(row)
         table = write_results(rows, out, seeds)  # after every run: partial results survive a crash
+    if not rows:
+        log(f"node {launch.node_rank}: trained its part; node 0 evaluates and writes the table")
+        return 1 if failed else 0
     log("\n".join(table))
     log(f"wrote {out / 'results.md'} and {out / 'results.csv'}")
     return 1 if failed else 0
