@@ -226,18 +226,8 @@ def _tcp_launch(rank, world, port):
 @pytest.mark.slow
 def test_tcp_init_with_explicit_ranks_is_the_env_run(synced_env_run, tiny_data, tmp_path):
     results, dumps, _ = _synced_run(tiny_data, tmp_path, launch=_tcp_launch)
-    assert "distributed init (rank 1): tcp://127.0.0.1:" in results[1][2], results[1][2][-2000:]
-    _, reference, _ = synced_env_run
-    assert dumps.keys() == reference.keys()
-    for key, dump in dumps.items():
-        for k, v in reference[key]["model"].items():
-            assert torch.equal(dump["model"][k], v), (key, k)
-
-
-@pytest.mark.slow
-def test_pytorch_ddp_with_synced_statistics(synced_env_run, tiny_data, tmp_path):
-    _, dumps, _ = _synced_run(tiny_data, tmp_path, ddp_backend="pytorch_ddp")
-    _same_on_every_rank(dumps)
+    log = results[1][1] + results[1][2]
+    assert "distributed init (rank 1): tcp://127.0.0.1:" in log, log[-2000:]
     _, reference, _ = synced_env_run
     assert dumps.keys() == reference.keys()
     for key, dump in dumps.items():
@@ -272,8 +262,8 @@ def _fake_scontrol(folder):
 def test_slurm_two_nodes_of_two_tasks(tiny_data, tmp_path):
     launch = _slurm_launch(_fake_scontrol(tmp_path), nodes=2)
     results, dumps, _ = _synced_run(tiny_data, tmp_path, workers=4, launch=launch)
-    for rank, (_, _, err) in enumerate(results):
-        assert f"distributed init (rank {rank}): tcp://127.0.0.1:" in err, err[-2000:]
+    for rank, (_, out, err) in enumerate(results):
+        assert f"distributed init (rank {rank}): tcp://127.0.0.1:" in out + err, (out + err)[-2000:]
     # 5 batches on 4 workers: update 2 is one batch and three dummy batches
     assert sorted({u for _, u in dumps}) == [1, 2]
     _same_on_every_rank(dumps)
