@@ -204,12 +204,21 @@ def kill_group(proc, sig=None):
         pass
 
 
-def run_workers(rank_args, tool="fairseq-train", env=None, timeout=180):
+def env_launch(rank, world, port):
+    """(fairseq flags, environment) of worker ``rank`` of an env:// group on 127.0.0.1: the
+    variables torchrun sets, and the rank given to fairseq explicitly."""
+    return (["--distributed-init-method", "env://", "--distributed-rank", str(rank)],
+            dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank)))
+
+
+def run_workers(rank_args, tool="fairseq-train", env=None, timeout=180, launch=env_launch,
+                ddp_backend="legacy_ddp"):
     """Run one ``tool`` process per entry of ``rank_args`` as a gloo group on CPU.
 
     ``tool`` is a console script of this venv or a Python file (run with this
-    interpreter). Returns [(returncode, stdout, stderr)] per rank; on timeout
-    every process group is killed and the test fails with their output.
+    interpreter); ``launch(rank, world, port)`` gives each worker's distributed flags and
+    environment (:func:`env_launch`). Returns [(returncode, stdout, stderr)] per rank; on
+    timeout every process group is killed and the test fails with their output.
     """
     import tempfile
     import time
@@ -224,14 +233,12 @@ def run_workers(rank_args, tool="fairseq-train", env=None, timeout=180):
             out = tempfile.TemporaryFile("w+")
             err = tempfile.TemporaryFile("w+")
             files.append((out, err))
-            rank_env = dict(env or {}, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                            WORLD_SIZE=str(world), RANK=str(rank))
+            flags, launch_env = launch(rank, world, port)
             procs.append(start_process(
                 base + [*map(str, args), "--cpu", "--distributed-backend", "gloo",
-                        "--distributed-world-size", str(world),
-                        "--distributed-init-method", "env://", "--distributed-no-spawn",
-                        "--distributed-rank", str(rank), "--ddp-backend", "legacy_ddp"],
-                env=rank_env, stdout=out, stderr=err,
+                        "--distributed-world-size", str(world), "--distributed-no-spawn",
+                        "--ddp-backend", ddp_backend, *flags],
+                env=dict(env or {}, **launch_env), stdout=out, stderr=err,
             ))
         deadline = time.monotonic() + timeout
         for proc in procs:

@@ -18,7 +18,7 @@ import tempfile
 import pytest
 import torch
 
-from conftest import HOOKED_TRAIN, run_workers, train_args
+from conftest import BIN, HOOKED_TRAIN, free_port, kill_group, run_cli, run_workers, start_process, train_args
 
 from normplug.norms.power import PowerNorm
 
@@ -42,7 +42,8 @@ BN_LAYERS = {"enc0.self_attn": "encoder.layers.0.self_attn_layer_norm"}  # in bo
 SYNC_BN_LAYERS = dict(BN_LAYERS, **{"dec0.ffn": "decoder.layers.0.final_layer_norm"})
 
 
-def _distributed_run(data, save, dump, sites, *extra):
+def _distributed_run(data, save, dump, sites, *extra, workers=2, **launch):
+    """Train on ``workers`` processes (``launch``: run_workers's launch and ddp_backend)."""
     args = train_args(
         data, save, "norm_transformer", *sites, *extra,
         "--criterion", "label_smoothed_cross_entropy_rbn",
@@ -50,8 +51,8 @@ def _distributed_run(data, save, dump, sites, *extra):
         "--max-tokens", "600", "--max-epoch", "1", "--save-interval-updates", "1",
         updates=100,
     )
-    results = run_workers([args, args], tool=HOOKED_TRAIN, env={"HOOK_DUMP_DIR": str(dump)},
-                          timeout=240)
+    results = run_workers([args] * workers, tool=HOOKED_TRAIN, env={"HOOK_DUMP_DIR": str(dump)},
+                          timeout=240, **launch)
     for rank, (rc, out, err) in enumerate(results):
         assert rc == 0, f"rank {rank} exited {rc}\n{out[-3000:]}\n{err[-3000:]}"
         assert "Traceback" not in err, err[-3000:]
@@ -139,12 +140,23 @@ def _check_common(results, dumps, save):
     return logs
 
 
-@pytest.mark.slow
-def test_two_workers_with_synced_statistics(tiny_data, tmp_path):
-    save, dump = tmp_path / "ck", tmp_path / "dump"
+def _synced_run(data, folder, **launch):
+    """(results, dumps, save folder) of the two-worker --bn-sync-stats run."""
+    save, dump = folder / "ck", folder / "dump"
     dump.mkdir()
-    results = _distributed_run(tiny_data, save, dump, SYNC_SITES, "--bn-sync-stats")
-    dumps = _dumps(dump)
+    results = _distributed_run(data, save, dump, SYNC_SITES, "--bn-sync-stats", **launch)
+    return results, _dumps(dump), save
+
+
+@pytest.fixture(scope="module")
+def synced_env_run(tiny_data, tmp_path_factory):
+    """The one-host run the other launches must reproduce: two workers, env://, legacy_ddp."""
+    return _synced_run(tiny_data, tmp_path_factory.mktemp("synced_env"))
+
+
+@pytest.mark.slow
+def test_two_workers_with_synced_statistics(synced_env_run):
+    results, dumps, save = synced_env_run
     logs = _check_common(results, dumps, save)
 
     # --bn-sync-stats: batch and power norms keep identical statistics on both workers,
@@ -196,6 +208,114 @@ def test_two_workers_without_sync_keep_their_own_statistics(tiny_data, tmp_path)
     assert _close(first["rbn_var"], (per_rank[0][1] + per_rank[1][1]) / 2)
     for key in per_rank[0][2]:
         assert _close(first[key], (per_rank[0][2][key] + per_rank[1][2][key]) / 2), key
+
+
+# --------------------------------------------------------------------------- other launches
+# fairseq's other ways to form the group, on 127.0.0.1: each must be the env:// run above, or,
+# at another world size, keep one model and one set of BN statistics on every rank.
+def _same_on_every_rank(dumps):
+    for (rank, update), dump in dumps.items():
+        for k, v in dumps[0, update]["model"].items():
+            assert torch.equal(dump["model"][k], v), (rank, update, k)
+
+
+def _tcp_launch(rank, world, port):
+    return ["--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank)], {}
+
+
+@pytest.mark.slow
+def test_tcp_init_with_explicit_ranks_is_the_env_run(synced_env_run, tiny_data, tmp_path):
+    results, dumps, _ = _synced_run(tiny_data, tmp_path, launch=_tcp_launch)
+    log = results[1][1] + results[1][2]
+    assert "distributed init (rank 1): tcp://127.0.0.1:" in log, log[-2000:]
+    _, reference, _ = synced_env_run
+    assert dumps.keys() == reference.keys()
+    for key, dump in dumps.items():
+        for k, v in reference[key]["model"].items():
+            assert torch.equal(dump["model"][k], v), (key, k)
+
+
+def _slurm_launch(scontrol_dir, nodes):
+    """srun's variables for ``nodes`` nodes of world // nodes tasks, a fake ``scontrol`` first on
+    PATH; fairseq forms a tcp:// group on the first host scontrol names, at --distributed-port."""
+    def launch(rank, world, port):
+        per_node = world // nodes
+        return ["--distributed-port", str(port)], {
+            "PATH": f"{scontrol_dir}{os.pathsep}{os.environ['PATH']}",
+            "SLURM_STEP_NODELIST": f"node[0-{nodes - 1}]", "SLURM_NNODES": str(nodes),
+            "SLURM_NTASKS": str(world), "SLURM_STEP_NUM_TASKS": str(world),
+            "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_NODEID": str(rank // per_node),
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": "0",  # fairseq makes it the CUDA device; a CPU has none to pick
+        }
+    return launch
+
+
+def _fake_scontrol(folder):
+    script = folder / "scontrol"
+    script.write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1 && echo 127.0.0.2\n')
+    script.chmod(0o755)
+    return folder
+
+
+@pytest.mark.slow
+def test_slurm_two_nodes_of_two_tasks(tiny_data, tmp_path):
+    launch = _slurm_launch(_fake_scontrol(tmp_path), nodes=2)
+    results, dumps, _ = _synced_run(tiny_data, tmp_path, workers=4, launch=launch)
+    for rank, (_, out, err) in enumerate(results):
+        assert f"distributed init (rank {rank}): tcp://127.0.0.1:" in out + err, (out + err)[-2000:]
+    # 5 batches on 4 workers: update 2 is one batch and three dummy batches
+    assert sorted({u for _, u in dumps}) == [1, 2]
+    _same_on_every_rank(dumps)
+    # the logged RBN terms and TIDs of update 1 are those of the four workers' union batch
+    rbn_mean, rbn_var, tids = _step1_terms(dumps[0, 1]["model"], SYNC_BN_LAYERS)
+    first = _inner_logs(results[0][1] + results[0][2])[1]
+    assert _close(first["rbn_mean"], rbn_mean), (first["rbn_mean"], rbn_mean)
+    assert _close(first["rbn_var"], rbn_var), (first["rbn_var"], rbn_var)
+    for key, value in tids.items():
+        assert _close(first[key], value), (key, first[key], value)
+
+
+# --------------------------------------------------------------------------- the launch guard
+GUARD = "--bn-sync-stats would sync nothing: "
+
+
+@pytest.mark.slow
+def test_torchrun_without_world_size_is_refused_on_every_node(tiny_data, tmp_path):
+    # the silent case: fairseq's world size stays 1 (no GPU), each node would train alone
+    args = train_args(tiny_data, tmp_path / "ck", "transformer_iwslt_de_en_bn", "--bn-sync-stats",
+                      updates=1)
+    port = free_port()
+    procs = [start_process([BIN / "torchrun", "--nnodes", 2, "--nproc-per-node", 1, "--node-rank", node,
+                            "--master-addr", "127.0.0.1", "--master-port", port, BIN / "fairseq-train", *args])
+             for node in range(2)]
+    try:
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode != 0
+        assert (f"{GUARD}torchrun started 2 processes (WORLD_SIZE=2) but fairseq started no process group: "
+                "each would train alone on the whole corpus; add --distributed-world-size 2") in err, err[-3000:]
+    assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.slow
+def test_srun_without_world_size_is_refused_and_warned_without_sync(tiny_data, tmp_path):
+    env = {"SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"}
+    args = train_args(tiny_data, tmp_path / "ck", "transformer_iwslt_de_en_bn", updates=1)
+    refused = run_cli("fairseq-train", *args, "--bn-sync-stats", env=env, check=False, timeout=120)
+    assert refused.returncode != 0
+    assert (f"{GUARD}srun started 4 processes (SLURM_STEP_NUM_TASKS=4) but fairseq started no process "
+            "group") in refused.stderr.splitlines()[-1], refused.stderr[-3000:]
+    warned = run_cli("fairseq-train", *args, env=env, timeout=120)
+    lines = [x for x in (warned.stdout + warned.stderr).splitlines()
+             if "srun started 4 processes (SLURM_STEP_NUM_TASKS=4)" in x]
+    assert len(lines) == 1 and "WARNING" in lines[0], lines
+    # a batch script's SLURM_NTASKS is the allocation's: a lone fairseq-train in it is not refused
+    alone = run_cli("fairseq-train", *args, "--bn-sync-stats", env={"SLURM_NTASKS": "4"}, timeout=120)
+    assert "would train alone" not in alone.stdout + alone.stderr
 
 
 # --------------------------------------------------------------------------- PowerNorm sync
@@ -276,7 +396,6 @@ def _union(ranks):
 
 
 def test_powernorm_sync_matches_one_process_on_the_union_batch():
-    from conftest import free_port
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:

@@ -1,5 +1,5 @@
 """What the translation model (``norm_transformer``) and the language model
-(``norm_transformer_lm``) share: the build-time checks,
+(``norm_transformer_lm``) share: the build-time checks (the options, the launch: launch.py),
 ``--compile-norms``, the refusal of test-batch statistics at inference, and the
 site names of the norms with batch statistics that criteria and tools read.
 
@@ -11,6 +11,7 @@ from fairseq.criterions import CRITERION_REGISTRY
 
 from ..norms import BatchStatNorm
 from .config import given_options, run_group
+from .launch import check_launch
 from .norm_plan import site_name
 from .options import check_options
 
@@ -30,6 +31,7 @@ class NormModel:
         if args is not cfg and getattr(lr_scheduler, "warmup_updates", None) is not None:
             args.warmup_updates = lr_scheduler.warmup_updates  # PowerNorm's default warm-up
         check_options(args, cls.options)  # every option checked before anything is built
+        check_launch(bool(getattr(args, "bn_sync_stats", False)))
         model = cls.build_modules(args, task)
         # The criterion's own check of the model (RBN weights without BN, ...) runs here:
         # fairseq builds the model and the criterion before it starts its data threads,

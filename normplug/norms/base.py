@@ -64,9 +64,14 @@ def masked_sum(t: torch.Tensor, sync: bool) -> torch.Tensor:
     return all_reduce(total) if sync else total
 
 
-def real_count(real: torch.Tensor, sync: bool) -> torch.Tensor:
-    """The number of real tokens (over every worker when ``sync``), a 0-dim float tensor."""
-    return masked_sum(real.float(), sync).squeeze(-1)
+def masked_sum_and_count(t: torch.Tensor, real: torch.Tensor, sync: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(Σ over tokens of ``t``, the number of real tokens as a 0-dim tensor of t's dtype), over every
+    worker when ``sync``: one all-reduce for both, the count riding as one more channel. ``t`` must
+    be 0 at padding; ``real`` is :func:`real_tokens`'s mask."""
+    sums = torch.cat([t.sum((0, 1)), real.to(t.dtype).sum((0, 1))])
+    if sync:
+        sums = all_reduce(sums)
+    return sums[:-1], sums[-1]
 
 
 class BatchStatNorm(nn.Module):

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-from .base import BatchStatNorm, check_pad_mask, masked_sum, real_count, real_tokens
+from .base import BatchStatNorm, check_pad_mask, masked_sum, masked_sum_and_count, real_tokens
 from .impl import check_impl, use_triton
 from .per_token import upcast
 from .registry import check_choice, check_option, register_norm
@@ -60,9 +60,10 @@ class MaskedBatchNorm(BatchStatNorm):
     @staticmethod
     def _moments(h, real, sync):
         """Biased mean and variance over the real tokens of ``h`` (0 at padding), and their count."""
-        count = real_count(real, sync)
+        # Σx and n in one all-reduce; the variance's second pass needs the mean of every worker
+        total, count = masked_sum_and_count(h, real, sync)
         n = count.clamp(min=1)
-        mean = masked_sum(h, sync) / n
+        mean = total / n
         var = masked_sum(torch.where(real, h - mean, 0).square(), sync) / n
         return mean, var, count
 

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-from .base import BatchStatNorm, check_pad_mask, masked_sum, real_count, real_tokens
+from .base import BatchStatNorm, check_pad_mask, masked_sum, masked_sum_and_count, real_tokens
 from .impl import MAX_GROUP_CHANNELS, check_impl, check_width, use_triton
 from .per_token import upcast
 from .registry import NormConfigError, check_choice, check_option, register_norm
@@ -86,7 +86,8 @@ class PowerNorm(BatchStatNorm):
     def batch_statistics(self, x, pad_mask=None):
         real = real_tokens(x, pad_mask)
         z = self._group_scale(torch.where(real, upcast(x), 0))
-        return None, masked_sum(z.square(), False) / real_count(real, False).clamp(min=1)
+        total, count = masked_sum_and_count(z.square(), real, sync=False)
+        return None, total / count.clamp(min=1)
 
     def _group_scale(self, h):
         # each token's channel groups divided by their root mean square (no parameters)
@@ -101,9 +102,9 @@ class PowerNorm(BatchStatNorm):
         z = self._group_scale(torch.where(real, upcast(x), 0))  # 0 at padding
         if self.training:
             sync = self._sync()
-            count = real_count(real, sync)
+            total, count = masked_sum_and_count(z.detach().square(), real, sync)  # one all-reduce
             n = count.clamp(min=1)
-            sigma2 = masked_sum(z.detach().square(), sync) / n  # σ²_B: quadratic mean, no mean removed
+            sigma2 = total / n  # σ²_B: quadratic mean, no mean removed
             inv_bwd = torch.rsqrt(sigma2 + self.eps)
             step = self.num_updates + 1  # the release's training-step counter t
             warm = step <= self.warmup_updates
