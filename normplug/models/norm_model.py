@@ -11,7 +11,7 @@ from fairseq.criterions import CRITERION_REGISTRY
 
 from ..norms import BatchStatNorm
 from .config import given_options, run_group
-from .launch import check_launch
+from ..launchers import check_launch
 from .norm_plan import site_name
 from .options import check_options
 

@@ -4,13 +4,14 @@ import argparse
 import sys
 
 from normplug.errors import NormplugError
+from normplug.launchers import launched_processes
 from normplug.tools.common import need_fairseq, positive
 
 from .commands import check_flags, check_visible_gpus, train_argv
 from .config import ConfigError, load_config
 from .passthrough import with_evaluation_arguments, with_training_arguments
 from .records import RUN_RECORD, as_trained, check_data, read_json
-from .launch import MASTER_PORT, Launch, launcher_processes
+from .launch import MASTER_PORT, Launch
 from .runs import dry_run_note, evaluate, evaluate_commands, train, train_commands
 from .table import reproduce, run_folder
 
@@ -70,9 +71,9 @@ def each_seed(args, extra=()):
 def node_launch(args, dry: bool) -> Launch:
     """This node's part of the run asked; refused under a launcher that started several drivers."""
     launch = Launch(args.gpus, args.nodes, args.node_rank, args.master_addr, args.master_port)
-    started = launcher_processes()
+    started = launched_processes()
     if started and not dry:
-        raise ConfigError(f"{PROG} was started as one of {started} processes by torchrun or srun: each would train "
+        raise ConfigError(f"{PROG} was started as one of {started[0]} processes by {started[2]}: each would train "
                           f"alone; run it once a node with --nodes N --node-rank R --master-addr HOST (it starts "
                           "torchrun itself), or run fairseq-train under your launcher (README: More than one machine)")
     if not dry:

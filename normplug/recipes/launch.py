@@ -76,9 +76,11 @@ class Launch:
             return [fairseq_exe("torchrun") if exe else "torchrun", "--nnodes", str(self.nodes), "--nproc-per-node", str(self.gpus), "--node-rank",
                     str(self.node_rank), "--master-addr", self.master_addr, "--master-port", str(self.master_port),
                     argv[0], *argv[1:]]
+        # fairseq's pytorch_ddp wraps the model with device_ids, which torch refuses for a CPU module
+        ddp = [] if "--ddp-backend" in argv else ["--ddp-backend", "legacy_ddp"]
         return [*argv, "--distributed-backend", "gloo", "--distributed-init-method",
                 f"tcp://{self.master_addr}:{self.master_port}", "--distributed-rank", str(self.node_rank),
-                "--distributed-no-spawn"]
+                "--distributed-no-spawn", *ddp]
 
     def srun_line(self, argv: List[str]) -> List[str]:
         """The same run as a SLURM job step: one task a node, fairseq-train spawning one process a GPU and finding
@@ -87,10 +89,11 @@ class Launch:
                 *argv, "--distributed-port", str(self.master_port)]
 
 
-def share_resume_point(launch: Launch, save_dir: Path, log=print):
-    """Before a relaunch across nodes: fairseq resumes only where every rank finds checkpoint_last.pt (rank 0 reads
-    it and broadcasts its state; the others only look for the file). Node 0 tells the others, through a TCP store
-    beside the master port, whether it resumes; a node whose own folder lacks the file then gets an empty one."""
+def agree_with_node0(launch: Launch, save_dir: Path, finished: bool, log=print) -> bool:
+    """Whether the run is finished, as node 0's folder says, told to every node through a TCP store beside the
+    master port: a node whose folder holds no record must not wait for a node 0 that has nothing to train. And
+    fairseq resumes only where every rank finds checkpoint_last.pt (rank 0 reads it and broadcasts its state; the
+    others only look for the file): a node whose own folder lacks it, where node 0 resumes, gets an empty one."""
     import datetime
 
     import torch.distributed as dist
@@ -98,24 +101,15 @@ def share_resume_point(launch: Launch, save_dir: Path, log=print):
     store = dist.TCPStore(launch.master_addr, launch.master_port + 1, launch.nodes, launch.node_rank == 0,
                           timeout=datetime.timedelta(minutes=10))
     if launch.node_rank == 0:
-        store.set("resume", "1" if last.exists() else "0")
-        store.wait([f"seen{rank}" for rank in range(1, launch.nodes)])  # the store lives as long as node 0 waits
-        return
-    resume = store.get("resume") == b"1"
+        store.set("state", "finished" if finished else "resume" if last.exists() else "start")
+        store.wait([f"seen{rank}" for rank in range(1, launch.nodes)])  # the store lives while node 0 waits
+        return finished
+    state = store.get("state").decode()
     store.set(f"seen{launch.node_rank}", "1")
-    if not resume and last.exists() and last.stat().st_size == 0:
+    if state == "start" and last.exists() and last.stat().st_size == 0:
         last.unlink()  # an earlier relaunch's mark; node 0 starts afresh
-    if resume and not last.exists():
+    if state == "resume" and not last.exists():
         last.parent.mkdir(parents=True, exist_ok=True)
         last.write_bytes(b"")  # never read: node 0's state arrives by broadcast
         log(f"node {launch.node_rank}: node 0 resumes its checkpoint_last.pt; {last} marks it here")
-
-
-def launcher_processes() -> int:
-    """How many processes a launcher started beside this one (torchrun's WORLD_SIZE, srun's SLURM_NTASKS), or 0."""
-    import os
-    for variable in ("WORLD_SIZE", "SLURM_NTASKS"):
-        value = os.environ.get(variable, "")
-        if value.isdigit() and int(value) > 1:
-            return int(value)
-    return 0
+    return state == "finished"

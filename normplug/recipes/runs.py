@@ -9,7 +9,7 @@ from typing import Callable, List, Optional, Tuple
 
 from .commands import (check_flags, child_env, command_line, eval_lm_argv, generate_argv, run_logged, train_argv,
                        use_gpu, write_atomic)
-from .launch import Launch, share_resume_point
+from .launch import Launch, agree_with_node0
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
 from .records import RUN_RECORD, as_trained, check_record, config_changes, direction, prior_run, read_json
 from .scoring import measure_tid, score_language_model, score_translation
@@ -37,15 +37,16 @@ def train(recipe: Recipe, save_dir: Path, gpu: Optional[bool] = None, threads: O
     status; ^C leaves a record a relaunch resumes."""
     save_dir, gpu = Path(save_dir), use_gpu(gpu)
     run, identity, flags = prior_run(recipe, save_dir)
-    if run and run.get("rc") == 0 and not run.get("error"):
-        # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
-        log(f"== {recipe.name}: reusing the finished run in {save_dir}")
-        return 0
     argv = launch.command(train_argv(recipe, save_dir, gpu=gpu), gpu)
     check_flags(recipe, argv[argv.index(str(recipe.data_path)):], processes_here=launch.gpus if gpu else None)
-    save_dir.mkdir(parents=True, exist_ok=True)
+    finished = bool(run and run.get("rc") == 0 and not run.get("error"))
     if launch.nodes > 1:
-        share_resume_point(launch, save_dir, log)
+        finished = agree_with_node0(launch, save_dir, finished, log)
+    if finished:
+        # relaunched, fairseq-train would train one more update, or resume a patience-stopped run
+        log(f"== {recipe.name}: reusing the finished run in {save_dir}" + " (node 0's)" * (not launch.writes_record))
+        return 0
+    save_dir.mkdir(parents=True, exist_ok=True)
     if not launch.writes_record:  # node 0 keeps the record and the checkpoints
         log(f"$ {command_line(argv)}")
         return run_logged(argv, save_dir / "train.log", echo, child_env(threads), "a")[0]

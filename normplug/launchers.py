@@ -9,7 +9,7 @@ import os
 
 import torch.distributed as dist
 
-from ..errors import NormplugError
+from .errors import NormplugError
 
 logger = logging.getLogger(__name__)
 
