@@ -23,6 +23,7 @@ scores swap with probability 1/2, ``p = (1 + #{|permuted| >= |observed|}) / (1 +
 trials, seed and +1 rule. No normality is assumed (a t-test would: per-window differences are heavy-tailed, rare
 words dominate). Pooled over seeds: the seed-paired windows concatenated, as for translation. Windows of one text
 are not independent (a topic spans several); no test here accounts for that."""
+import logging
 import math
 import os
 import re
@@ -182,9 +183,15 @@ def paired_tests(baseline: Sequence[str], system: Sequence[str], refs: Sequence[
     classes = {"bleu": BLEU, "chrf": CHRF}
     metrics = {name: classes[name](references=[list(refs)], **kwargs) for name, (kwargs, _) in options.items()}
     results: Dict[str, dict] = {}
+    log = logging.getLogger("sacrebleu")
+    level = log.level
     for test in ("bs", "ar"):
-        signatures, scores = PairedTest([("baseline", baseline), ("system", system)], metrics, None,
-                                        test_type=test)()
+        log.setLevel(logging.WARNING)  # its progress lines, as `sacrebleu -q`, for the time of the test
+        try:
+            signatures, scores = PairedTest([("baseline", baseline), ("system", system)], metrics, None,
+                                            test_type=test)()
+        finally:
+            log.setLevel(level)
         for name, (base, sys_) in ((k, v) for k, v in scores.items() if k != "System"):
             row = results.setdefault(name, {"baseline": base.score, "system": sys_.score})
             if test == "bs":
