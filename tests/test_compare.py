@@ -171,6 +171,19 @@ def test_refuses_runs_on_other_data(tmp_path):
     assert message.startswith("rbn seed 2 and the baseline base seed 1 ran on different test sets (data '/data/other'")
 
 
+def test_refuses_a_language_model_among_translations(tmp_path):
+    out = small_out(tmp_path)
+    write_lm_run(out, "ptb-post-bn", 1, [-60.0] * 6, 120.5)
+    assert refused(out).startswith("ptb-post-bn seed 1 and the baseline base seed 1 ran on different test sets "
+                                   "(task 'language_modeling' vs 'translation')")
+
+
+def test_refuses_runs_scored_with_other_sacrebleu_settings(tmp_path):
+    from sacrebleu.metrics import BLEU
+    out = small_out(tmp_path, {("rbn", 1): {"sacrebleu_signature": signed(BLEU(lowercase=True))}})
+    assert refused(out).startswith("rbn seed 1 was scored with other sacreBLEU settings than the baseline base seed 1")
+
+
 def test_refuses_runs_scored_against_other_references(tmp_path):
     out = small_out(tmp_path)
     path = out / "rbn-seed1" / "references-rbn.txt"

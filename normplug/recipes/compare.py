@@ -64,7 +64,10 @@ class Run:
 
     def file(self, key: str) -> Path:
         """The file the scores file names under ``key``, which must exist."""
-        path = self.folder / str(self.scores.get(key) or f"<no {key!r} in scores-{self.name}.json>")
+        if not self.scores.get(key):
+            raise ConfigError(f"{self.label}: its scores file in {self.folder} names no {key} file; evaluate the run "
+                              "again")
+        path = self.folder / self.scores[key]
         if not path.is_file():
             raise ConfigError(f"{self.label}: {key} file {path} is missing; evaluate the run again")
         return path
@@ -133,7 +136,7 @@ def paired_randomization(baseline: Sequence[float], system: Sequence[float], tri
 
 def signature_fields(signature: str) -> Dict[str, str]:
     """``nrefs:1|case:mixed|tok:13a|...`` -> {"nrefs": "1", "case": "mixed", ...}."""
-    return dict(field.split(":", 1) for field in signature.split("|"))
+    return dict(field.split(":", 1) for field in signature.split("|") if ":" in field)
 
 
 def bleu_options(signature: str) -> Tuple[dict, List[str]]:
@@ -158,6 +161,8 @@ def chrf_options(signature: str) -> Tuple[dict, List[str]]:
     """(``sacrebleu.metrics.CHRF`` arguments, sacrebleu CLI flags) of the chrF a signature describes (beta: the
     default 2, which a signature does not record)."""
     f = signature_fields(signature)
+    if not {"nc", "nw", "case", "space", "eff"} <= set(f):
+        raise ConfigError(f"chrF signature {signature!r}: the paired tests need its nc, nw, case, space and eff")
     kwargs = dict(char_order=int(f["nc"]), word_order=int(f["nw"]), lowercase=f["case"] == "lc",
                   whitespace=f["space"] == "yes", eps_smoothing=f["eff"] == "no")
     flags = ["-cc", f["nc"], "-cw", f["nw"], *(["--chrf-lowercase"] if kwargs["lowercase"] else []),
@@ -168,7 +173,7 @@ def chrf_options(signature: str) -> Tuple[dict, List[str]]:
 
 def metric_options(run: Run, with_chrf: bool) -> Dict[str, Tuple[dict, List[str]]]:
     """metric (``bleu``, ``chrf``: sacrebleu's -m names) -> (arguments, CLI flags) of the run's scores."""
-    options = {"bleu": bleu_options(run.scores["sacrebleu_signature"])}
+    options = {"bleu": bleu_options(run.scores.get("sacrebleu_signature") or "")}
     if with_chrf:
         options["chrf"] = chrf_options(run.scores["chrf_signature"])
     return options
@@ -219,12 +224,16 @@ def load_runs(out: Path) -> Dict[str, Dict[int, Run]]:
     return runs
 
 
-def check_test_set(run: Run, base: Run, lines: int, base_lines: int, what: str):
-    """Refuse ``run`` unless it was evaluated on the baseline's test set, with as many ``what`` as it has."""
-    for key in ("task", *TEST_SET_KEYS.get(base.scores["task"], ())):
+def check_test_set(run: Run, base: Run):
+    """Refuse ``run`` unless it was evaluated on the baseline's test set (task, data folder, split, ...)."""
+    for key in ("task", *TEST_SET_KEYS[base.scores["task"]]):
         if run.scores.get(key) != base.scores.get(key):
             raise ConfigError(f"{run.label} and the baseline {base.label} ran on different test sets ({key} "
                               f"{run.scores.get(key)!r} vs {base.scores.get(key)!r}): compare runs of one test set")
+
+
+def check_lines(run: Run, base: Run, lines: int, base_lines: int, what: str):
+    """Refuse ``run`` unless its file has as many ``what`` as the baseline's."""
     if lines != base_lines:
         raise ConfigError(f"{run.label} has {lines} {what}, the baseline {base.label} {base_lines}: not the same "
                           "test set, or an output cut short")
@@ -247,8 +256,7 @@ def seeds_cell(seeds: Sequence[int]) -> str:
     return str(seeds[0]) if len(seeds) == 1 else "+".join(map(str, seeds)) + " (pooled)"
 
 
-def compare_translation(runs, baseline: str) -> List[str]:
-    base0 = runs[baseline][min(runs[baseline])]
+def compare_translation(runs, baseline: str, base0: Run, others) -> List[str]:
     refs = read_lines(base0.file("references"))
     with_chrf = all(r.scores.get("chrf") is not None and r.scores.get("chrf_signature")
                     for seeds in runs.values() for r in seeds.values())
@@ -257,7 +265,7 @@ def compare_translation(runs, baseline: str) -> List[str]:
     for name, seeds in runs.items():
         for seed, run in seeds.items():
             run_refs = read_lines(run.file("references"))
-            check_test_set(run, base0, len(run_refs), len(refs), "references")
+            check_lines(run, base0, len(run_refs), len(refs), "references")
             if run_refs != refs:
                 raise ConfigError(f"{run.label} and the baseline {base0.label} were scored against different "
                                   f"references ({run.file('references')} vs {base0.file('references')})")
@@ -267,12 +275,11 @@ def compare_translation(runs, baseline: str) -> List[str]:
                                   f"{base0.label}: {run.scores['sacrebleu_signature']} vs "
                                   f"{base0.scores['sacrebleu_signature']}")
             hyps[name, seed] = read_lines(run.file("hypotheses"))
-            check_test_set(run, base0, len(hyps[name, seed]), len(refs), "hypotheses (lines)")
+            check_lines(run, base0, len(hyps[name, seed]), len(refs), "hypotheses (lines)")
     tables: Dict[str, List[str]] = {}
     signatures: Dict[str, Tuple[str, str]] = {}
-    for name, seeds in pairs(runs, baseline):
-        groups = [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else [])
-        for group in groups:
+    for name, seeds in others:
+        for group in [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else []):
             results = paired_tests([h for s in group for h in hyps[baseline, s]],
                                    [h for s in group for h in hyps[name, s]], refs * len(group), options)
             for metric, r in results.items():
@@ -299,18 +306,17 @@ def compare_translation(runs, baseline: str) -> List[str]:
         "row on the seeds' hypotheses concatenated in seed order and the references repeated once a seed.", ""]
 
 
-def compare_language_models(runs, baseline: str) -> List[str]:
-    base0 = runs[baseline][min(runs[baseline])]
+def compare_language_models(runs, baseline: str, base0: Run, others) -> List[str]:
     log_probs: Dict[Tuple[str, int], List[float]] = {}
     for name, seeds in runs.items():
         for seed, run in seeds.items():
             log_probs[name, seed] = [float(v) for v in run.file("window_log_probs").read_text().split()]
     for name, seeds in runs.items():
         for seed, run in seeds.items():
-            check_test_set(run, base0, len(log_probs[name, seed]), len(log_probs[baseline, base0.seed]), "windows")
+            check_lines(run, base0, len(log_probs[name, seed]), len(log_probs[baseline, base0.seed]), "windows")
     seed, said = randomization_seed()
     rows = []
-    for name, seeds in pairs(runs, baseline):
+    for name, seeds in others:
         for group in [[s] for s in seeds] + ([seeds] if len(seeds) > 1 else []):
             p = paired_randomization([v for s in group for v in log_probs[baseline, s]],
                                      [v for s in group for v in log_probs[name, s]], LM_TRIALS, seed)
@@ -348,10 +354,15 @@ def compare(out, baseline: str) -> List[str]:
     runs = load_runs(out)
     if baseline not in runs:
         raise ConfigError(f"--baseline {baseline!r} did not run in {out}; the configs there: {', '.join(sorted(runs))}")
-    task = runs[baseline][min(runs[baseline])].scores["task"]
+    base0 = runs[baseline][min(runs[baseline])]
+    task = base0.scores["task"]
     if task not in TEST_SET_KEYS:
         raise ConfigError(f"{baseline}: task {task!r} has no paired test; valid: {', '.join(TEST_SET_KEYS)}")
-    tests = compare_translation(runs, baseline) if task == "translation" else compare_language_models(runs, baseline)
+    for seeds in runs.values():
+        for run in seeds.values():
+            check_test_set(run, base0)
+    others = pairs(runs, baseline)
+    tests = (compare_translation if task == "translation" else compare_language_models)(runs, baseline, base0, others)
     lines = [f"# normplug: each config against {baseline}", "", *summary(runs), *tests,
              "p: the probability of a difference at least as large as the observed one if both configs were one "
              "process (two-sided); under 0.05, the difference is unlikely to be chance. It says the configs differ, "
