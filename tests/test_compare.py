@@ -89,7 +89,8 @@ def test_translation_rows_are_what_the_sacrebleu_cli_prints(tmp_path, monkeypatc
     pooled = tmp_path / "pooled"
     pooled.mkdir()
     for name in ("base", "rbn"):
-        (pooled / name).write_bytes(b"".join((folders[name, s] / f"hypotheses-{name}.txt").read_bytes() for s in (1, 2)))
+        seed_files = [folders[name, s] / f"hypotheses-{name}.txt" for s in (1, 2)]
+        (pooled / name).write_bytes(b"".join(path.read_bytes() for path in seed_files))
     (pooled / "refs").write_text("".join(r + "\n" for r in refs * 2), encoding="utf-8")
     files = {"1": (folders["base", 1] / "references-base.txt", folders["base", 1] / "hypotheses-base.txt",
                    folders["rbn", 1] / "hypotheses-rbn.txt"),

@@ -247,8 +247,8 @@ def pairs(runs, baseline: str) -> List[Tuple[str, List[int]]]:
         raise ConfigError(f"only the baseline {baseline!r} ran in the folder: nothing to compare it with")
     for name, shared in others:
         if not shared:
-            raise ConfigError(f"{name} shares no seed with the baseline {baseline} (seeds "
-                              f"{' '.join(map(str, sorted(runs[name])))} vs {' '.join(map(str, sorted(runs[baseline])))})")
+            said = [" ".join(map(str, sorted(runs[n]))) for n in (name, baseline)]
+            raise ConfigError(f"{name} shares no seed with the baseline {baseline} (seeds {said[0]} vs {said[1]})")
     return others
 
 
@@ -306,14 +306,23 @@ def compare_translation(runs, baseline: str, base0: Run, others) -> List[str]:
         "row on the seeds' hypotheses concatenated in seed order and the references repeated once a seed.", ""]
 
 
+def read_log_probs(run: Run) -> List[float]:
+    """The run's per-window log-probabilities (window_log_probs, one a line)."""
+    path = run.file("window_log_probs")
+    try:
+        return [float(v) for v in path.read_text(encoding="utf-8").split()]
+    except ValueError:
+        raise ConfigError(f"{run.label}: {path} is not one log-probability a line") from None
+
+
+def mean_pm_sd(mean: float, sd: Optional[float]) -> str:
+    return fmt(mean) + ("" if sd is None else f" ± {fmt(sd)}")
+
+
 def compare_language_models(runs, baseline: str, base0: Run, others) -> List[str]:
-    log_probs: Dict[Tuple[str, int], List[float]] = {}
-    for name, seeds in runs.items():
-        for seed, run in seeds.items():
-            log_probs[name, seed] = [float(v) for v in run.file("window_log_probs").read_text().split()]
-    for name, seeds in runs.items():
-        for seed, run in seeds.items():
-            check_lines(run, base0, len(log_probs[name, seed]), len(log_probs[baseline, base0.seed]), "windows")
+    log_probs = {(name, seed): read_log_probs(run) for name, seeds in runs.items() for seed, run in seeds.items()}
+    for (name, seed), values in log_probs.items():
+        check_lines(runs[name][seed], base0, len(values), len(log_probs[baseline, base0.seed]), "windows")
     seed, said = randomization_seed()
     rows = []
     for name, seeds in others:
@@ -322,10 +331,11 @@ def compare_language_models(runs, baseline: str, base0: Run, others) -> List[str
                                      [v for s in group for v in log_probs[name, s]], LM_TRIALS, seed)
             base_ppl, base_sd, _ = mean_sd([runs[baseline][s].scores["perplexity"] for s in group])
             ppl, sd, _ = mean_sd([runs[name][s].scores["perplexity"] for s in group])
-            rows.append(f"| {name} | {seeds_cell(group)} | {fmt(base_ppl)}{'' if base_sd is None else ' ± ' + fmt(base_sd)}"
-                        f" | {fmt(ppl)}{'' if sd is None else ' ± ' + fmt(sd)} | {ppl - base_ppl:+.{WIDTH}f} | {p:.4f} |")
+            rows.append(f"| {name} | {seeds_cell(group)} | {mean_pm_sd(base_ppl, base_sd)} | {mean_pm_sd(ppl, sd)} | "
+                        f"{ppl - base_ppl:+.{WIDTH}f} | {p:.4f} |")
     return [f"## Perplexity: each config against the baseline {baseline}", "",
-            f"| config | seed | {baseline} | config | Δ | p, paired randomization over windows |",
+            f"| config | seed | perplexity of {baseline} | perplexity of config | Δ | "
+            "p, paired randomization over windows |",
             "|---|---|---|---|---|---|", *rows, "",
             "A pooled row: mean ± sample sd of the seeds' perplexities; its test on the seed-paired windows "
             f"together. Paired randomization (sign-flip) test of the summed log-probability difference: {LM_TRIALS} "
@@ -342,7 +352,7 @@ def summary(runs) -> List[str]:
             values = [r.scores.get(key) for r in seeds.values()]
             if all(v is not None for v in values):
                 mean, sd, _ = mean_sd(values)
-                cells.append(f"{label} {fmt(mean)}" + ("" if sd is None else f" ± {fmt(sd)}"))
+                cells.append(f"{label} {mean_pm_sd(mean, sd)}")
         rows.append(f"| {name} | {' '.join(map(str, sorted(seeds)))} | {'; '.join(cells)} |")
     return ["| config | seeds | mean ± sample sd over seeds |", "|---|---|---|", *rows, ""]
 
