@@ -36,7 +36,8 @@ import numpy as np
 
 from .commands import write_atomic
 from .config import ConfigError
-from .runs import fmt, read_json
+from .records import read_json
+from .table import fmt, mean_sd
 
 WIDTH = 2  # decimals of a score, as `sacrebleu -w 2` prints it; p-values have sacreBLEU's 4
 LM_TRIALS = 10000  # sacreBLEU's approximate randomization default
@@ -77,14 +78,6 @@ def read_lines(path: Path) -> List[str]:
     """A text file's lines as the sacrebleu CLI reads them (split at \\n only, trailing whitespace stripped)."""
     with open(path, encoding="utf-8", newline="\n") as f:
         return [line.rstrip() for line in f]
-
-
-def mean_sd(values: Sequence[float]) -> Tuple[float, Optional[float], int]:
-    """(mean, sample standard deviation (n - 1), or None under two values, n)."""
-    values = list(values)
-    if not values:
-        raise ValueError("mean_sd of no values")
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None, len(values)
 
 
 def window_log_probs(eval_lm_output: str) -> List[float]:
