@@ -200,3 +200,10 @@ def test_every_refusal_exits_2(good, trained_run, capsys):
     (raw / "test.tgt").write_text("only one line\n")
     assert recipes.main(["evaluate", str(good), "--out", str(run.parent)]) == 2
     assert "fairseq-generate decoded 5 sentences of the test split" in capsys.readouterr().err
+
+
+def test_the_driver_trains_batches_a_resume_rebuilds(good):
+    """Every fairseq-train the driver starts builds each epoch's batches from seed + epoch, so that a run resumed
+    from any checkpoint, the end of an epoch included, is the uninterrupted one (tests/test_resume.py)."""
+    argv = recipes.train_argv(load_config(good), "x", gpu=False, exe=False)
+    assert value(argv, "--update-epoch-batch-itr") == "True"

@@ -8,6 +8,7 @@ from normplug.launchers import launched_processes
 from normplug.tools.common import need_fairseq, positive
 
 from .commands import check_flags, check_visible_gpus, train_argv
+from .compare import compare
 from .config import ConfigError, load_config
 from .passthrough import with_evaluation_arguments, with_training_arguments
 from .records import RUN_RECORD, as_trained, check_data, read_json
@@ -57,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     command("reproduce", "train + evaluate configs into --out; results.md/.csv there", "configs")
     command("table", "train and evaluate nothing: tabulate what the runs in --out left", "configs")
     command("check", "check configs: their format, their data folder, then fairseq-train's parser", "configs")
+    p = sub.add_parser("compare", allow_abbrev=False, help="each config in --out against a baseline: mean ± sd over "
+                       "seeds, sacreBLEU's paired bootstrap and approximate randomization (translation), a paired "
+                       "randomization test of window log-probabilities (language models); compare-<baseline>.md")
+    p.add_argument("--out", default="runs", help="folder of the runs (default %(default)s)")
+    p.add_argument("--baseline", required=True, metavar="NAME", help="the config every other is tested against")
     return parser
 
 
@@ -83,9 +89,12 @@ def node_launch(args, dry: bool) -> Launch:
 
 def run(args, extra) -> int:
     dry = getattr(args, "dry_run", False)
-    if args.cmd != "table" and not dry:
+    if args.cmd not in ("table", "compare") and not dry:
         need_fairseq(f"{PROG} {args.cmd}")
     launch = node_launch(args, dry) if args.cmd in ("train", "reproduce") else Launch()
+    if args.cmd == "compare":
+        print(*compare(args.out, args.baseline), sep="\n")
+        return 0
     if args.cmd in ("reproduce", "table"):
         return reproduce(args.configs, args.out, extra=extra, data=args.data, table_only=args.cmd == "table",
                          dry_run=dry, launch=launch, seeds=args.seeds)

@@ -64,7 +64,9 @@ def train_argv(recipe: Recipe, save_dir, gpu: Optional[bool] = None, exe: bool =
     ``--distributed-world-size N`` among the extra arguments spreads a run, its BN statistics per GPU)."""
     languages = {f"{side}-lang": [lang] for side, lang in (("source", recipe.source_lang),
                                                             ("target", recipe.target_lang)) if lang}
-    flags = {"user-dir": [str(PLUGIN_DIR)], **languages, **merged_flags(recipe),
+    # every epoch's batches from seed + epoch: a run resumed from any checkpoint is bitwise the uninterrupted one
+    # (by default fairseq keeps the batches of the epoch it started in, which a resumed run does not know)
+    flags = {"user-dir": [str(PLUGIN_DIR)], **languages, "update-epoch-batch-itr": ["True"], **merged_flags(recipe),
              "save-dir": [str(Path(save_dir).resolve())]}
     if "cpu" not in flags:
         flags.update({"distributed-world-size": flags.get("distributed-world-size", ["1"])} if use_gpu(gpu) else
@@ -178,7 +180,8 @@ def eval_lm_argv(recipe: Recipe, checkpoint, context_window: int, gpu: Optional[
     ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
     flags = ["--task", "language_modeling", "--gen-subset", ev["gen_subset"], "--sample-break-mode", "none",
              "--tokens-per-sample", str(length), "--context-window", str(context_window),
-             "--batch-size", str(ev["batch_size"]), "--no-progress-bar"]
+             "--batch-size", str(ev["batch_size"]), "--no-progress-bar",
+             *(["--output-word-probs"] if context_window == 0 else [])]  # each window's log-probability: compare
     return _scoring_argv("fairseq-eval-lm", recipe, checkpoint, gpu, flags, exe)
 
 

@@ -167,6 +167,7 @@ def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, gpu=None
     split (check_data saw it): fairseq-eval-lm skips windows longer than the model's positions."""
     from fairseq.data import data_utils
 
+    from .compare import window_log_probs
     from .runs import scores_path
     ev, length = recipe.evaluate, recipe.train_value("tokens-per-sample")
     dataset = data_utils.load_indexed_dataset(str(recipe.data_path / ev["gen_subset"]), None)
@@ -176,13 +177,18 @@ def score_language_model(recipe: Recipe, checkpoint: Path, ckdir: Path, gpu=None
         argv = eval_lm_argv(recipe, checkpoint, context, gpu=gpu)
         log_path = scores_path(recipe, ckdir, "eval-lm-sliding" if context else "eval-lm", ".log")
         log("$ " + shlex.join(argv))
-        tokens, bits = parse_eval_lm(run_checked(argv, "fairseq-eval-lm", log_path))
+        text = run_checked(argv, "fairseq-eval-lm", log_path)
+        tokens, bits = parse_eval_lm(text)
         if tokens != expected:
             raise RuntimeError(f"fairseq-eval-lm scored {tokens:,} of the {expected:,} tokens of the "
                                f"{ev['gen_subset']} split (it skips windows longer than the model's "
                                f"positions); see {log_path}")
         scores.update({prefix + "perplexity": round(2 ** bits, 2), prefix + "loss_bits": bits})
+        if not context:  # the paired tests of `compare` take each window's log-probability
+            path = scores_path(recipe, ckdir, "log-probs", ".txt")
+            write_atomic(path, "".join(f"{v!r}\n" for v in window_log_probs(text)))
+            scores["window_log_probs"] = path.name
     log(f"{recipe.name}: perplexity {scores['perplexity']:.2f} (non-overlapping windows of {length} tokens; "
         f"{expected:,} tokens); sliding window with {ev['context_window']} tokens of context: "
         f"{scores['sliding_window_perplexity']:.2f}")
-    return {**scores, "sliding_window_context": ev["context_window"]}
+    return {**scores, "sliding_window_context": ev["context_window"], "tokens_per_sample": length}
