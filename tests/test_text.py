@@ -209,6 +209,24 @@ def test_refuses_a_max_len_over_the_model_positions(text_run, tmp_path):
     assert nothing_written(tmp_path)
 
 
+def test_prepare_text_sh_names_the_missing_modules_and_python(tmp_path):
+    """A Python without sentencepiece and normplug (site-packages and PYTHONPATH off) is refused in one line naming
+    both and PYTHON=; one that has them runs."""
+    bare = tmp_path / "python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    bare.chmod(0o755)
+    script = REPO / "scripts" / "prepare-text.sh"
+    proc = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(bare)})
+    errors = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+    for needle in (f"{bare} lacks normplug, sentencepiece, fairseq", "PYTHON=/path/to/python"):
+        assert needle in errors[0], errors[0]
+    proc = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0 and "--trainpref" in proc.stdout, proc.stderr
+
+
 # --- the rules, against values written out here -----------------------------------------------------------------
 
 def test_filter_is_clean_corpus_n_lengths_in_pieces_ratio_in_words():
@@ -410,7 +428,7 @@ def test_reproduce_scores_sacrebleu_and_chrf_of_detokenized_output(reproduced):
     import sacrebleu
 
     raw, dest, out = reproduced
-    refs = (raw / "test.en").read_text(encoding="utf-8").splitlines()
+    refs = (raw / "test.en").read_text(encoding="utf-8").replace("\ufeff", "").splitlines()  # its byte order mark gone
     table = (out / "results.md").read_text(encoding="utf-8")
     for name in ("text-rbn",):
         log = (out / name / f"generate-{name}.txt").read_text(encoding="utf-8")
