@@ -2,7 +2,7 @@
 process and its workers (their resident sets summed, sampled every 20 ms from /proc: Linux). Streaming keeps the
 peak flat: the larger corpus's peak should be within 1.3x the smaller's.
 
-    .venv/bin/python benchmarks/prepare_text.py [--sizes 50000 400000] [--workers 2] [--vocab-size 4000]
+    PYTHONPATH=scripts .venv/bin/python benchmarks/prepare_text.py [--sizes 50000 400000] [--workers 2] [--vocab-size 4000]
 
 Each size is the seed-1 synthetic corpus (scripts/synthetic.py) as raw text, encoded in a fresh process by the
 SentencePiece model trained once on the smaller corpus, its training pairs filtered as prepare-text.sh does.
@@ -17,8 +17,13 @@ import threading
 import time
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+try:  # scripts/ on PYTHONPATH, which the encoding processes started here inherit
+    import own_corpus
+    import raw_text
+    import synthetic
+except ImportError as e:
+    sys.exit(f"benchmarks/prepare_text.py: no module {e.name}: run it as PYTHONPATH=scripts .venv/bin/python "
+             "benchmarks/prepare_text.py")
 
 
 def tree_rss(root):
@@ -43,8 +48,6 @@ def tree_rss(root):
 
 def encode_child(model, prefix, out, workers):
     """The encode step on PREFIX.{src,tgt}, in this process: prints {"seconds", "pairs", "peak"}."""
-    import prepare
-
     peak, done = [0], threading.Event()
 
     def sample():
@@ -58,7 +61,7 @@ def encode_child(model, prefix, out, workers):
     pieces.mkdir(parents=True)
     raw.mkdir()
     t0 = time.time()
-    sizes = prepare.encode_train(Path(model), files, pieces, raw, frozenset(), (1, 250, 1.5), workers)
+    sizes, _ = own_corpus.encode_train(Path(model), files, pieces, raw, frozenset(), (1, 250, 1.5), workers)
     seconds = time.time() - t0
     done.set()
     sampler.join()
@@ -74,15 +77,12 @@ def main():
     a = ap.parse_args()
     if a.child:
         return encode_child(*a.child[:3], int(a.child[3]))
-    import own_corpus
-    import synthetic
-
     with tempfile.TemporaryDirectory() as tmp:
         tmp, rows = Path(tmp), []
         for n in a.sizes:
             synthetic.generate(tmp / str(n), seed=1, n_train=n, n_valid=1, n_test=1, raw=True)
         small = tmp / str(min(a.sizes)) / "train"
-        sentences = own_corpus.sample_pairs(Path(f"{small}.src"), Path(f"{small}.tgt"), 10 ** 9, 1)
+        sentences = raw_text.sample_pairs(Path(f"{small}.src"), Path(f"{small}.tgt"), 10 ** 9, 1)
         t0 = time.time()
         own_corpus.train_model(tmp / "spm", sentences, a.vocab_size, "unigram", 1.0, a.workers)
         print(f"spm-train: {len(sentences)} sentences, {a.vocab_size} pieces, {time.time() - t0:.1f} s")

@@ -1,13 +1,12 @@
 """The fetch step: each source file of a corpus downloaded (an interrupted download is resumed) or taken from
 --archive, and checked against its published size and checksum before any step uses it.
 """
-import hashlib
 import os
 import shutil
 import urllib.error
 import urllib.request
 
-from textfiles import PrepareError
+from textfiles import PrepareError, digest
 
 # The published size and checksum of a source, by URL, enforced on every copy. WMT: tensorflow/datasets url_checksums/
 # wmt{14,16,17}_translate.txt; WikiText: huggingface/datasets wikitext/dataset_infos.json; PTB (an md5 only):
@@ -25,14 +24,6 @@ PUBLISHED = {
         (190229076, "sha256:242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590"),
     "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz": (None, "md5:30177ea32e27c525793142b6bf2c8e2d"),
 }
-
-
-def digest(path, algo):
-    h = hashlib.new(algo)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def download(url, path):

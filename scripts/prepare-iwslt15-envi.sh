@@ -1,4 +1,4 @@
 #!/usr/bin/env bash
 # IWSLT15 En-Vi (the Stanford NMT files): the steps are iwslt15_envi() in scripts/prepare.py; --help: options.
-py=$(dirname "$0")/../.venv/bin/python; [ -x "$py" ] || py=python3
-exec "${PYTHON:-$py}" "$(dirname "$0")/prepare.py" iwslt15-envi "$@"
+py=$(bash "$(dirname "$0")/find-python.sh" iwslt15-envi regex sacremoses subword_nmt) || exit 1
+exec "$py" "$(dirname "$0")/prepare.py" iwslt15-envi "$@"

@@ -2,26 +2,24 @@
 upstream script made it, binarized for fairseq (data/README.md). One function a dataset lists its steps in order; they
 are in fetch.py, corpus_formats.py (the released formats), moses.py (mosesdecoder's perl scripts) and steps.py.
 `python scripts/prepare.py text [options]` (scripts/prepare-text.sh): a researcher's own raw parallel text, the steps
-in text() and own_corpus.py.
+in own_corpus.py.
 """
 import argparse
 import collections
 import inspect
 import json
 import os
-import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import corpus_formats as formats
 import own_corpus
-from fetch import digest, fetch
-from moses import clean_corpus, length_rule, lowercase_file
-from steps import BPE, REMOVE_BPE, SPLITS, Preparation, preprocess_exe, run_preprocess, write_manifest
-from textfiles import PrepareError, concat, count_lines, iter_lines, link, write_lines
+from fetch import fetch
+from moses import clean_corpus, lowercase_file
+from steps import BPE, REMOVE_BPE, SPLITS, Preparation
+from textfiles import (OptionParser, PrepareError, concat, count_lines, digest, iter_lines, link, whole_number,
+                       write_lines)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -225,131 +223,6 @@ def wikitext103(prep):
                           {"dataset": "wikitext-103", "reproduces": "fairseq examples/language_model"})
 
 
-def text(o):
-    """A researcher's own parallel corpus, raw UTF-8 text one sentence a line, binarized for SRC->TGT into DESTDIR:
-    check (every file readable, UTF-8, not empty; the two sides of a split line-aligned), held-out valid (a seeded
-    sample of train when there is no --validpref), spm-train (one joint SentencePiece model on a seeded sample of the
-    training pairs, DESTDIR/spm.model), encode (pieces, several processes; training pairs outside --min-len..--max-len
-    pieces or over --ratio dropped, valid and test kept whole), binarize (fairseq-preprocess --joined-dictionary), with
-    the raw valid and test text (DESTDIR/raw/, the references of sacreBLEU) and prepare.json. Everything is made in a
-    temporary folder beside DESTDIR, renamed to it at the end: a refused or failed run leaves nothing."""
-    src, tgt, dest = o.source_lang, o.target_lang, o.destdir
-    if dest.exists() and not dest.is_dir():
-        raise PrepareError(f"--destdir {dest} is a file: name a folder")
-    if dest.exists() and not o.force:
-        raise PrepareError(f"{dest} exists: pass --force to replace it, or another --destdir")
-    prefixes = {"train": o.trainpref, "valid": o.validpref, "test": o.testpref}
-    files = {split: {lang: own_corpus.input_file(p, lang) for lang in (src, tgt)} for split, p in prefixes.items() if p}
-    for path in (path for sides in files.values() for path in sides.values()):
-        if dest in path.resolve().parents:  # replacing DESTDIR would delete the corpus
-            raise PrepareError(f"--destdir {dest} holds the input {path}: name another folder")
-    log = lambda message: print(f"[text] {message}", file=sys.stderr, flush=True)  # noqa: E731
-    log(f"step check: {', '.join(str(f) for sides in files.values() for f in sides.values())}")
-    inputs = own_corpus.check_inputs(files)
-    n_train = inputs["train"]["pairs"]
-    held = frozenset()
-    if not o.validpref:
-        if o.valid_size * 2 > n_train:
-            raise PrepareError(f"--valid-size {o.valid_size} would hold out over half of the {n_train} training pairs "
-                               "of --trainpref: pass a smaller --valid-size, or --validpref")
-        held = frozenset(random.Random(o.seed).sample(range(n_train), o.valid_size))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    try:
-        log(f"step spm-train: {o.model_type}, {o.vocab_size} pieces, on a sample of at most {o.sample_pairs} of "
-            f"the {n_train - len(held)} training pairs (seed {o.seed})")
-        sentences = own_corpus.sample_pairs(files["train"][src], files["train"][tgt], o.sample_pairs, o.seed, held)
-        own_corpus.train_model(tmp / "spm", sentences, o.vocab_size, o.model_type, o.character_coverage, o.workers)
-        sample = len(sentences) // 2
-        del sentences
-        log("step encode: every split to pieces; training pairs filtered")
-        pieces, raw = tmp / "pieces", tmp / "raw"
-        pieces.mkdir()
-        raw.mkdir()
-        limits = (o.min_len, o.max_len, o.ratio)
-        sizes = {"train": encode_train(tmp / "spm.model", files["train"], pieces, raw, held, limits, o.workers)}
-        if held:
-            sizes["valid"] = {"pairs": len(held), "from": f"{len(held)} pairs held out of --trainpref (seed {o.seed})"}
-        for split in ("valid", "test") if o.validpref else ("test",):
-            encode_whole(tmp / "spm.model", files[split], pieces / split, raw / split, o.workers)
-            sizes[split] = {"pairs": inputs[split]["pairs"], "from": f"--{split}pref"}
-        log("step binarize: fairseq-preprocess --joined-dictionary")
-        run_preprocess(o.preprocess, ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary"], pieces, tmp,
-                       o.workers)
-        shutil.rmtree(pieces)
-        manifest = {
-            "dataset": "own corpus (scripts/prepare-text.sh)", "source_lang": src, "target_lang": tgt,
-            "bpe": "sentencepiece", "bpe_size": o.vocab_size, "remove_bpe": "sentencepiece", "lowercased": False,
-            "sentencepiece": {"model": "spm.model", "model_type": o.model_type, "vocab_size": o.vocab_size,
-                              "character_coverage": o.character_coverage, "trained_on_pairs": sample, "seed": o.seed},
-            "filter": {"unit": "pieces", "min_len": o.min_len, "max_len": o.max_len, "ratio": o.ratio,
-                       "applies_to": "train"},
-            "sizes": sizes, "references": {s: f"raw/{s}.{tgt}" for s in ("valid", "test")},
-            "dictionary_size": 4 + count_lines(tmp / f"dict.{src}.txt"), "inputs": inputs, "versions": versions()}
-        write_manifest(tmp, manifest, o.command)
-        replace_folder(tmp, dest)
-        kept = sizes["train"]
-        log(f"done: {dest}: train {kept['pairs']} of {kept['input_pairs']} pairs (dropped: {kept['dropped']['length']} "
-            f"by length, {kept['dropped']['ratio']} by ratio), valid {sizes['valid']['pairs']}, test "
-            f"{sizes['test']['pairs']}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def encode_whole(model, sides, pieces, raw, workers):
-    """A valid or test split ({lang: path} ``sides``) to PIECES.LANG, its raw text to RAW.LANG, every pair kept."""
-    pairs = zip(*map(own_corpus.read_text, sides.values()))
-    with own_corpus.PairFiles(pieces, sides) as coded, own_corpus.PairFiles(raw, sides) as text_out:
-        for pair, encoded in own_corpus.encode_pairs(model, pairs, workers):
-            text_out.write(pair)
-            coded.write(encoded[:2])
-
-
-def encode_train(model, sides, pieces, raw, held, limits, workers):
-    """The training pairs to PIECES/train (filtered by ``limits``), those of ``held`` to PIECES/valid and RAW/valid
-    (whole): the sizes."""
-    dropped, kept, total = {"length": 0, "ratio": 0}, 0, 0
-    pairs = zip(*map(own_corpus.read_text, sides.values()))
-    pair_files = own_corpus.PairFiles
-    with pair_files(pieces / "train", sides) as train, pair_files(pieces / "valid", sides) as valid, \
-            pair_files(raw / "valid", sides) as valid_raw:
-        for i, (pair, (s, t, n_s, n_t)) in enumerate(own_corpus.encode_pairs(model, pairs, workers)):
-            total += 1
-            if i in held:
-                valid.write((s, t))
-                valid_raw.write(pair)
-            elif reason := length_rule(n_s, n_t, *limits):
-                dropped[reason] += 1
-            else:
-                train.write((s, t))
-                kept += 1
-    if not kept:
-        raise PrepareError(f"no training pair is left: {dropped['length']} outside --min-len {limits[0]} .. --max-len "
-                           f"{limits[1]} pieces, {dropped['ratio']} over --ratio {limits[2]}")
-    return {"pairs": kept, "input_pairs": total - len(held), "dropped": dropped}
-
-
-def replace_folder(tmp, dest):
-    """TMP becomes DEST, an older DEST removed only once the new one is in place."""
-    os.chmod(tmp, 0o755)  # mkdtemp's folder is private
-    old = dest.with_name(f".{dest.name}.old") if dest.exists() else None
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(dest, old)
-    os.rename(tmp, dest)
-    if old:
-        shutil.rmtree(old)
-
-
-def versions():
-    """The versions of what made the corpus."""
-    from importlib import metadata
-
-    dists = metadata.packages_distributions()
-    return {"python": sys.version.split()[0], **{name: metadata.version(dists[name][0])
-                                                 for name in ("sentencepiece", "fairseq") if name in dists}}
-
-
 def clean_train(out, prep, max_len, src="de", tgt="en"):
     """clean-corpus-n.perl 1 MAX_LEN on WORK/tok's train (SRC, TGT in the upstream order), valid and test as is."""
     tok = prep.work / "tok"
@@ -370,24 +243,11 @@ DATASETS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        if message.startswith("unrecognized"):
-            message += "; the options are: " + " ".join(s for a in self._actions for s in a.option_strings[-1:])
-        raise PrepareError(f"{message} (see --help)")
-
-
-def whole_number(text):
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number over 0, got '{text}'")
-    return int(text)
-
-
 def parse_options(name, d, argv):
     """The options of scripts/prepare-NAME.sh."""
     sources = "\n  ".join(d.sources.values())
     archive = ("a copy of " if len(d.sources) == 1 else "a folder holding ") + ", ".join(d.sources)
-    ap = _Parser(prog=f"scripts/prepare-{name}.sh", allow_abbrev=False,
+    ap = OptionParser(prog=f"scripts/prepare-{name}.sh", allow_abbrev=False,
                  description=f"{inspect.cleandoc(d.prepare.__doc__)}\n\nSources:\n  {sources}",
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add = ap.add_argument
@@ -421,72 +281,9 @@ def dataset(name, argv):
     prep.log(f"all steps done in {time.time() - prep.t0:.0f}s")
 
 
-def fraction(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got '{text}'")
-    return value
-
-
-def ratio(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number of at least 1, got '{text}'")
-    return value
-
-
-def parse_text_options(argv):
-    """The options of scripts/prepare-text.sh: fairseq-preprocess's names for what it shares with it."""
-    ap = _Parser(prog="scripts/prepare-text.sh", allow_abbrev=False, description=inspect.cleandoc(text.__doc__),
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = ap.add_argument
-    add("-s", "--source-lang", required=True, help="source language: the suffix of the source files")
-    add("-t", "--target-lang", required=True, help="target language")
-    add("--trainpref", required=True, help="training text: TRAINPREF.SRC and TRAINPREF.TGT (or .gz)")
-    add("--validpref", help="validation text (default: --valid-size pairs held out of the training text)")
-    add("--testpref", required=True, help="test text; its raw target side is the reference of sacreBLEU")
-    add("--destdir", type=Path, required=True, help="output folder, for fairseq-train")
-    add("--vocab-size", type=whole_number, default=8000, help="SentencePiece pieces (default %(default)s)")
-    # unigram: SentencePiece's default, and Kudo (2018) found it as good as BPE or better for NMT
-    add("--model-type", default="unigram", choices=["unigram", "bpe"], help="SentencePiece model (default %(default)s)")
-    add("--character-coverage", type=fraction, default=1.0,
-        help="share of the characters the model covers; rarer ones become <unk> (default %(default)s; SentencePiece "
-             "advises 0.9995 for Chinese or Japanese)")
-    add("--sample-pairs", type=whole_number, default=500000,
-        help="training pairs the SentencePiece model learns from, a seeded sample: memory bounded whatever the corpus "
-             "(default %(default)s)")
-    add("--valid-size", type=whole_number, default=2000,
-        help="pairs held out without --validpref (default %(default)s)")
-    add("--min-len", type=whole_number, default=1, help="training pairs with a side of fewer pieces are dropped "
-        "(default %(default)s)")
-    add("--max-len", type=whole_number, default=250, help="training pairs with a side of more pieces are dropped "
-        "(default %(default)s, as fairseq's prepare-iwslt17-multilingual.sh)")
-    add("--ratio", type=ratio, default=1.5, help="training pairs with a side more than RATIO times longer (in pieces) "
-        "are dropped (default %(default)s, clean-corpus-n.perl -ratio of fairseq's prepare-iwslt14.sh)")
-    add("--seed", type=int, default=1, help="seed of the held-out pairs and the sample (default %(default)s)")
-    add("--workers", type=whole_number, default=os.cpu_count() or 1,
-        help="processes that encode, threads of the SentencePiece trainer, fairseq-preprocess workers")
-    add("--force", action="store_true", help="replace an existing --destdir")
-    o = ap.parse_args(argv)
-    if o.source_lang == o.target_lang:
-        raise PrepareError(f"--source-lang and --target-lang are both '{o.source_lang}'")
-    o.destdir = o.destdir.resolve()
-    o.command = " ".join(["scripts/prepare-text.sh", *argv])
-    if o.min_len > o.max_len:
-        raise PrepareError(f"--min-len {o.min_len} is over --max-len {o.max_len}: no training pair could be kept")
-    o.preprocess = preprocess_exe()
-    return o
-
-
 def main(argv):
     if argv[:1] == ["text"]:
-        name, prepare = "text", lambda: text(parse_text_options(argv[1:]))
+        name, prepare = "text", lambda: own_corpus.text(own_corpus.parse_options(argv[1:]))
     elif not argv or argv[0] not in DATASETS:
         print(f"ERROR: the dataset must be text or one of {', '.join(DATASETS)}, got {argv[0] if argv else 'none'}",
               file=sys.stderr)

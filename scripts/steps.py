@@ -2,6 +2,7 @@
 checked, a joint subword-nmt BPE, and fairseq-preprocess with prepare.json (what was made).
 """
 import datetime
+import hashlib
 import itertools
 import json
 import os
@@ -12,7 +13,8 @@ import time
 from pathlib import Path
 
 import moses
-from textfiles import PrepareError, check_aligned, chunks, count_lines, iter_lines, parallel, read_lines, write_lines
+from textfiles import (PrepareError, check_aligned, chunks, count_lines, digest, iter_lines, parallel, read_lines,
+                       write_lines)
 
 SPLITS = ("train", "valid", "test")
 REMOVE_BPE = {"subword-nmt": "@@ ", "none": None}  # what a config passes to fairseq-generate --remove-bpe
@@ -24,7 +26,10 @@ def preprocess_exe(alternative=""):
     try:
         from normplug.tools.common import fairseq_exe
         return fairseq_exe("fairseq-preprocess")
-    except (ImportError, ValueError) as e:
+    except ImportError as e:
+        raise PrepareError(f"cannot run fairseq-preprocess: {sys.executable} has no module {e.name}; install it, or "
+                           f"name the Python that has it: PYTHON=/path/to/python{alternative}") from None
+    except ValueError as e:
         raise PrepareError(f"cannot run fairseq-preprocess ({e}){alternative}") from None
 
 
@@ -35,9 +40,18 @@ def run_preprocess(exe, args, folder, out, workers):
         raise PrepareError(f"fairseq-preprocess failed on {folder} (see its messages above)")
 
 
+def data_digest(folder):
+    """The identity of the binarized data in FOLDER: sha256 (16 hex digits) over the name and sha256 of every
+    .bin, .idx and dict file fairseq-preprocess wrote, in sorted name order. The same text prepared again gives the
+    same digest (no date in it), other text another."""
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".bin", ".idx") or p.name.startswith("dict."))
+    listing = "".join(f"{p.name} {digest(p, 'sha256')}\n" for p in files)
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest()[:16]
+
+
 def write_manifest(out, info, command):
-    """OUT/prepare.json: INFO, the command that made the folder and the time."""
-    manifest = {**info, "script": command,
+    """OUT/prepare.json: INFO, the digest of the binarized data, the command that made the folder and the time."""
+    manifest = {**info, "data_digest": data_digest(out), "script": command,
                 "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     (out / "prepare.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
 

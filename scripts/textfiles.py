@@ -1,6 +1,8 @@
 """Text files one line at a time as perl, sed and awk read them (UTF-8, split on "\\n" only), and PrepareError: the
-one-line error of a bad input or option that scripts/prepare.py prints as ERROR.
+one-line error of a bad input or option that scripts/prepare.py prints as ERROR (OptionParser's too).
 """
+import argparse
+import hashlib
 import itertools
 import os
 import shutil
@@ -8,6 +10,29 @@ import shutil
 
 class PrepareError(Exception):
     """A bad input or option, explained in one line."""
+
+
+class OptionParser(argparse.ArgumentParser):
+    """argparse whose errors are a PrepareError, an unknown option's with the list of the known ones."""
+
+    def error(self, message):
+        if message.startswith("unrecognized"):
+            message += "; the options are: " + " ".join(s for a in self._actions for s in a.option_strings[-1:])
+        raise PrepareError(f"{message} (see --help)")
+
+
+def whole_number(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number over 0, got '{text}'")
+    return int(text)
+
+
+def digest(path, algo):
+    h = hashlib.new(algo)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def iter_lines(path):

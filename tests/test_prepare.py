@@ -369,6 +369,15 @@ def test_iwslt14_default_run_then_rerun_skips(tmp_path, iwslt14_archive, prepare
     assert "step bpe-learn: running" in r3.stderr and "step bpe: running" in r3.stderr
     assert len(lines(work / "bpe-learn" / "code")) == 151
 
+    # prepare.json's data_digest, the binarized data's identity: the same for the same text made again (--force
+    # redoes every step, into another folder), another for words instead of subword units
+    again = prepare("iwslt14", *args, "--dest", tmp_path / "again", "--force")
+    other = prepare("iwslt14", *args, "--bpe", "none", "--dest", tmp_path / "other")
+    assert again.returncode == 0 and other.returncode == 0, again.stderr + other.stderr
+    digests = [json.loads((d / "prepare.json").read_text())["data_digest"] for d in (dest, tmp_path / "again",
+                                                                                      tmp_path / "other")]
+    assert re.fullmatch(r"[0-9a-f]{16}", digests[0]) and digests[0] == digests[1] != digests[2], digests
+
 
 @pytest.mark.slow
 def test_iwslt14_sizes_enforced(tmp_path, iwslt14_archive, prepare):

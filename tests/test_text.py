@@ -15,6 +15,7 @@ import pytest
 
 import own_corpus
 import prepare as prepare_script
+import raw_text
 from moses import length_rule
 from conftest import REPO, TINY_MODEL, USER_DIR, needs_fairseq, run_cli
 from test_lm_cli import lm_train_args
@@ -125,7 +126,7 @@ def test_refuses_a_vocabulary_the_corpus_cannot_fill_with_the_size_that_works(te
     smallest = int(re.search(r"the smallest that works is (\d+)", error)[1])
     assert nothing_written(tmp_path)
     # the sizes it names do train (sentencepiece itself, on the same text)
-    sentences = own_corpus.sample_pairs(text_run.raw / "train.de", text_run.raw / "train.en", 10 ** 6, 1)
+    sentences = raw_text.sample_pairs(text_run.raw / "train.de", text_run.raw / "train.en", 10 ** 6, 1)
     for size in (smallest, largest):
         own_corpus.train_model(tmp_path / f"spm{size}", sentences, size, "unigram", 1.0, 1)
     with pytest.raises(prepare_script.PrepareError, match="the largest that works"):
@@ -161,33 +162,126 @@ def test_refuses_bad_options_in_one_line(text_run, tmp_path):
     assert nothing_written(tmp_path)
 
 
+def test_refuses_a_test_line_longer_than_the_model_takes(text_run, tmp_path):
+    """fairseq-generate would fail after training ("Size of sample #2 is invalid"): refused before, naming the split,
+    line, side and its pieces."""
+    lines = (text_run.raw / "test.de").read_text(encoding="utf-8").splitlines()
+    lines[2] = " ".join(["Straße"] * 1100) + "."
+    (text_run.raw / "test.de").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    error = refused(text_run(*SPLITS, "--vocab-size", "70"), "test line 3 (de) is ",
+                    "the model takes at most 1023 + </s>", str(text_run.raw / "test.de"))
+    assert int(re.search(r"is (\d+) pieces", error)[1]) >= 1100
+    assert nothing_written(tmp_path)
+
+
+def test_refuses_blank_valid_and_test_lines(text_run, tmp_path):
+    lines = (text_run.raw / "valid.en").read_text(encoding="utf-8").splitlines()
+    lines[1] = " \t "
+    (text_run.raw / "valid.en").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    refused(text_run(*SPLITS), "valid line 2 (en) is blank", str(text_run.raw / "valid.en"))
+    (text_run.raw / "test.de").write_text("\n" + "Ja.\n" * 4, encoding="utf-8")
+    refused(text_run("--trainpref", "RAW/train", "--testpref", "RAW/test"), "test line 1 (de) is blank")
+    assert nothing_written(tmp_path)
+
+
+def test_force_replaces_only_a_folder_prepare_text_made(text_run, tmp_path):
+    """The user's notes are never deleted: --force needs the prepare.json of prepare-text.sh in the folder."""
+    notes = tmp_path / "bin" / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("keep me")
+    refused(text_run(*SPLITS, "--force"), f"{tmp_path / 'bin'} has no prepare.json", "--force replaces only")
+    (tmp_path / "bin" / "prepare.json").write_text(json.dumps({"dataset": "iwslt14.de-en"}))
+    refused(text_run(*SPLITS, "--force"), "--force replaces only a folder prepare-text.sh made")
+    assert sorted(p.name for p in notes.parent.iterdir()) == ["notes.txt", "prepare.json"]
+    assert notes.read_text() == "keep me"
+
+
+def test_refuses_a_corpus_too_small_for_the_default_valid(text_run, tmp_path):
+    for lang in ("de", "en"):
+        (text_run.raw / f"small.{lang}").write_text("".join(f"Satz {i}.\n" for i in range(9)), encoding="utf-8")
+    refused(text_run("--trainpref", "RAW/small", "--testpref", "RAW/test"), "--trainpref has 9 pairs",
+            "--validpref")
+    assert nothing_written(tmp_path)
+
+
+def test_refuses_a_max_len_over_the_model_positions(text_run, tmp_path):
+    refused(text_run(*SPLITS, "--max-len", "1024"), "--max-len 1024", "at most 1023")
+    assert nothing_written(tmp_path)
+
+
+def test_prepare_text_sh_names_the_missing_modules_and_python(tmp_path):
+    """A Python without sentencepiece and normplug (site-packages and PYTHONPATH off) is refused in one line naming
+    both and PYTHON=; one that has them runs."""
+    bare = tmp_path / "python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    bare.chmod(0o755)
+    script = REPO / "scripts" / "prepare-text.sh"
+    proc = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(bare)})
+    errors = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+    for needle in (f"{bare} lacks normplug, sentencepiece, fairseq", "PYTHON=/path/to/python"):
+        assert needle in errors[0], errors[0]
+    proc = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0 and "--trainpref" in proc.stdout, proc.stderr
+
+
 # --- the rules, against values written out here -----------------------------------------------------------------
 
-def test_length_rule_is_clean_corpus_n_counting_pieces():
+def test_filter_is_clean_corpus_n_lengths_in_pieces_ratio_in_words():
     """clean-corpus-n.perl -ratio R MIN MAX (moses.length_rule, which tests/test_prepare.py checks against the perl
-    script's output), on piece counts: a side outside MIN..MAX, or over R times the other."""
-    assert length_rule(0, 3, 1, 250, 1.5) == "length"
-    assert length_rule(251, 251, 1, 250, 1.5) == "length"
-    assert length_rule(250, 250, 1, 250, 1.5) is None
-    assert length_rule(3, 2, 1, 250, 1.5) is None  # 3/2 is not over 1.5
-    assert length_rule(4, 2, 1, 250, 1.5) == "ratio"
-    assert length_rule(2, 4, 1, 250, 1.5) == "ratio"
-    assert length_rule(9, 1, 1, 250, 9) is None
+    script's output): a side outside MIN..MAX pieces, or over R times the other in words."""
+    def rule(n_src, n_tgt, w_src, w_tgt, limits=(1, 250, 1.5)):
+        return own_corpus.filter_reason((n_src, n_tgt, w_src, w_tgt), limits)
+    assert rule(0, 3, 1, 1) == "length"
+    assert rule(251, 251, 100, 100) == "length"
+    assert rule(250, 250, 100, 100) is None
+    assert rule(3, 2, 3, 2) is None  # 3/2 is not over 1.5
+    assert rule(2, 2, 4, 2) == "ratio" and rule(2, 2, 2, 4) == "ratio"
+    assert rule(3, 3, 9, 1, (1, 250, 9)) is None
+    # issue 40: 10 and 18 pieces at a small vocabulary, 7 words each: kept
+    de, en = "Der kleine Bäcker malt die langsame Katze.", "The little baker paints the slow cat."
+    assert rule(10, 18, raw_text.count_words(de), raw_text.count_words(en)) is None
+    assert rule(10, 18, 7, 7) is None and length_rule(10, 18, 1, 250, 1.5) == "ratio"
+
+
+def test_words_are_whitespace_tokens_and_han_or_kana_characters():
+    assert raw_text.count_words("Der kleine Bäcker malt die langsame Katze.") == 7
+    assert raw_text.count_words("  l'homme,\tça va ! ") == 4
+    assert raw_text.count_words("我爱你。") == 4  # 我 爱 你, and 。
+    assert raw_text.count_words("東京タワーは 333 m") == 8  # 東 京 タ ワ ー は, 333, m
+    assert raw_text.count_words("서울은 크다") == 2  # Hangul is written with spaces
+
+
+def test_a_filter_that_drops_over_5_percent_says_so(capsys):
+    own_corpus.note_filters({"pairs": 89, "input_pairs": 100, "dropped": {"length": 5, "ratio": 6}}, (1, 250, 1.5))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [l for l in lines if "ratio filter dropped 6 of the 100 training pairs (6%)" in l] and lines
+
+
+def test_model_positions_are_fairseqs_default():
+    """A sentence fits when its pieces and the </s> fairseq appends fit the default positions of the models."""
+    from fairseq.models.transformer import DEFAULT_MAX_SOURCE_POSITIONS, DEFAULT_MAX_TARGET_POSITIONS
+
+    assert own_corpus.MAX_POSITIONS == DEFAULT_MAX_SOURCE_POSITIONS == DEFAULT_MAX_TARGET_POSITIONS
+    assert own_corpus.over_positions((1023, 1023, 1, 1)) is None
+    assert own_corpus.over_positions((1024, 3, 1, 1)) == 0 and own_corpus.over_positions((3, 1024, 1, 1)) == 1
 
 
 def test_lines_and_line_ends_as_counted(tmp_path):
     """Lines split on \\n only; a CR before it (Windows) dropped; a last line without \\n counts."""
     path = tmp_path / "x.en"
-    path.write_bytes("Grüße\r\nzwei\u2028halb\nohne Ende".encode("utf-8"))
-    assert list(own_corpus.read_text(path)) == ["Grüße", "zwei\u2028halb", "ohne Ende"]
-    assert own_corpus.check_file(path)[0] == 3
+    path.write_bytes("\ufeffGrüße\r\nzwei\u2028halb\n\ufeffohne Ende".encode("utf-8"))
+    assert list(raw_text.read_text(path)) == ["Grüße", "zwei\u2028halb", "ohne Ende"]  # byte order marks dropped
+    assert raw_text.check_file(path)[0] == 3
 
 
 def test_sample_is_seeded_uniform_and_skips_held_out_pairs(tmp_path):
     for lang in ("de", "en"):
         (tmp_path / f"t.{lang}").write_text("".join(f"{lang}{i}\n" for i in range(1000)), encoding="utf-8")
     def draw(seed, skip=frozenset()):
-        return own_corpus.sample_pairs(tmp_path / "t.de", tmp_path / "t.en", 100, seed, skip)
+        return raw_text.sample_pairs(tmp_path / "t.de", tmp_path / "t.en", 100, seed, skip)
     a = draw(1)
     assert a == draw(1) and a != draw(2) and len(a) == 200
     assert all(s[2:] == t[2:] for s, t in zip(a[::2], a[1::2]))  # pairs stay pairs
@@ -203,6 +297,8 @@ def prepared(tmp_path_factory):
     """RAW/ prepared by scripts/prepare-text.sh (the shell script, 2 workers): (raw, dest)."""
     root = tmp_path_factory.mktemp("own_corpus")
     raw, dest = write_raw_corpus(root / "raw"), root / "bin"
+    for lang in ("de", "en"):  # a byte order mark, as an editor writes it, on both sides of the test text
+        (raw / f"test.{lang}").write_text("\ufeff" + (raw / f"test.{lang}").read_text(encoding="utf-8"), "utf-8")
     proc = subprocess.run(["bash", str(REPO / "scripts" / "prepare-text.sh"), "-s", "de", "-t", "en",
                            "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--testpref",
                            str(raw / "test"), "--vocab-size", "80", "--destdir", str(dest), "--workers", "2"],
@@ -248,11 +344,13 @@ def test_prepare_text_filters_train_only_and_keeps_the_raw_references(prepared):
     assert {"sentencepiece", "fairseq", "python"} <= set(info["versions"])
     sp = spm.SentencePieceProcessor(model_file=str(dest / "spm.model"))
     assert sp.get_piece_size() == 80
-    # train: exactly the pairs the rule keeps (1..250 pieces a side, neither over 1.5 times the other), in order
+    # train: exactly the pairs the rule keeps (1..250 pieces a side, neither over 1.5 times the other in words: this
+    # text's whitespace tokens), in order
     pairs = list(zip(*((raw / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("de", "en"))))
     coded = [[sp.encode(side, out_type=str) for side in pair] for pair in pairs]
-    keep = [k for k, (s, t) in enumerate(coded) if 1 <= len(s) <= 250 and 1 <= len(t) <= 250
-            and len(s) <= 1.5 * len(t) and len(t) <= 1.5 * len(s)]
+    words = [[len(side.split()) for side in pair] for pair in pairs]
+    keep = [k for k, ((s, t), (ws, wt)) in enumerate(zip(coded, words)) if 1 <= len(s) <= 250 and 1 <= len(t) <= 250
+            and ws <= 1.5 * wt and wt <= 1.5 * ws]
     assert EMPTY not in keep and LONG not in keep and UNBALANCED not in keep and len(keep) > 250
     for lang, k in (("de", 0), ("en", 1)):
         assert binarized_pieces(dest, "train", lang) == [" ".join(coded[i][k]) for i in keep]
@@ -261,10 +359,11 @@ def test_prepare_text_filters_train_only_and_keeps_the_raw_references(prepared):
     assert info["sizes"]["train"]["pairs"] == len(keep) and dropped == {
         "length": len(too_long_or_empty), "ratio": 300 - len(keep) - len(too_long_or_empty)}
     assert EMPTY in too_long_or_empty and LONG in too_long_or_empty and dropped["ratio"] >= 1
-    # valid and test whole, and their raw text kept beside them: the pieces decode to it
+    # valid and test whole, and their raw text kept beside them: the pieces decode to it, the byte order mark gone
+    # from both (sacreBLEU would count it in the first word of the reference)
     for split in ("valid", "test"):
         for lang in ("de", "en"):
-            text = (raw / f"{split}.{lang}").read_text(encoding="utf-8")
+            text = (raw / f"{split}.{lang}").read_text(encoding="utf-8").replace("\ufeff", "")
             assert (dest / "raw" / f"{split}.{lang}").read_text(encoding="utf-8") == text
             assert [sp.decode(p.split()) for p in binarized_pieces(dest, split, lang)] == text.splitlines()
     assert info["references"]["test"] == "raw/test.en"
@@ -280,7 +379,8 @@ def test_prepare_text_holds_out_valid_from_gzipped_train(tmp_path):
         (raw / f"train.{lang}.gz").write_bytes(gzip.compress(path.read_bytes()))
         path.unlink()
     dest = tmp_path / "bin"
-    (dest / "old").mkdir(parents=True)
+    (dest / "old").mkdir(parents=True)  # a folder prepare-text.sh made (its prepare.json), which --force replaces
+    (dest / "prepare.json").write_text(json.dumps({"dataset": own_corpus.OWN_CORPUS}))
     assert prepare_script.main(["text", "-s", "de", "-t", "en", "--trainpref", str(raw / "train"), "--testpref",
                                 str(raw / "test"), "--vocab-size", "70", "--valid-size", "15", "--seed", "3",
                                 "--destdir", str(dest), "--workers", "1", "--force"]) == 0
@@ -290,10 +390,36 @@ def test_prepare_text_holds_out_valid_from_gzipped_train(tmp_path):
     valid = list(zip(*((dest / "raw" / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
                        for lang in ("de", "en"))))
     held = sorted(random.Random(3).sample(range(200), 15))
-    assert valid == [train[i] for i in held]  # whole (the empty pair is kept if drawn), in corpus order
+    assert EMPTY in held  # the empty pair is drawn: left out of valid, which is otherwise whole, in corpus order
+    assert valid == [train[i] for i in held if i != EMPTY]
     info = json.loads((dest / "prepare.json").read_text(encoding="utf-8"))
-    assert info["sizes"]["valid"]["pairs"] == 15 and info["sizes"]["train"]["input_pairs"] == 185
+    assert info["sizes"]["valid"]["pairs"] == 14 and info["sizes"]["train"]["input_pairs"] == 185
+    assert info["sizes"]["valid"]["left_out_blank_or_too_long"] == 1
     assert len(binarized_pieces(dest, "train", "de")) == info["sizes"]["train"]["pairs"]
+
+
+@pytest.mark.slow
+@needs_fairseq
+def test_data_digest_names_the_binarized_text_and_default_valid_is_a_tenth(tmp_path, capsys):
+    """prepare.json's data_digest: the same text prepared again (into another folder) gives the same digest, other
+    text into the same folder another one. Without --validpref the default valid is a tenth of 120 pairs, said so."""
+    def prepare(raw, dest, *extra):
+        capsys.readouterr()
+        assert prepare_script.main(["text", "-s", "de", "-t", "en", "--trainpref", str(raw / "train"), "--testpref",
+                                    str(raw / "test"), "--vocab-size", "70", "--destdir", str(dest), "--workers", "1",
+                                    *extra]) == 0, capsys.readouterr().err[-2000:]
+        info = json.loads((dest / "prepare.json").read_text(encoding="utf-8"))
+        return info, capsys.readouterr().err
+
+    sizes = (("train", 120), ("test", 10))
+    first, second = write_raw_corpus(tmp_path / "a", sizes), write_raw_corpus(tmp_path / "b", sizes, seed=1)
+    info, log = prepare(first, tmp_path / "one")
+    assert re.fullmatch(r"[0-9a-f]{16}", info["data_digest"])
+    assert info["sizes"]["valid"]["pairs"] == 12 and "12 of the 120 training pairs held out as valid" in log
+    again, _ = prepare(first, tmp_path / "two")
+    assert again["data_digest"] == info["data_digest"] and again["date"] != "" and again["script"] != info["script"]
+    other, _ = prepare(second, tmp_path / "one", "--force")
+    assert other["data_digest"] != info["data_digest"]
 
 
 @pytest.mark.slow
@@ -302,7 +428,7 @@ def test_reproduce_scores_sacrebleu_and_chrf_of_detokenized_output(reproduced):
     import sacrebleu
 
     raw, dest, out = reproduced
-    refs = (raw / "test.en").read_text(encoding="utf-8").splitlines()
+    refs = (raw / "test.en").read_text(encoding="utf-8").replace("\ufeff", "").splitlines()  # its byte order mark gone
     table = (out / "results.md").read_text(encoding="utf-8")
     for name in ("text-rbn",):
         log = (out / name / f"generate-{name}.txt").read_text(encoding="utf-8")
