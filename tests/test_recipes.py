@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO
 
 from normplug import recipes
-from normplug.recipes import ConfigError, load_config
+from normplug.recipes import ConfigError, Launch, load_config
 
 GOOD = """\
 name: demo-bn
@@ -191,11 +191,11 @@ def test_gpus_keep_the_effective_batch(tiny_data, config, capsys):
     """--gpus N spreads a run over N GPUs with update-freq / N (the effective batch kept), BN statistics
     per GPU unless the plugin's --bn-sync-stats is passed; the table says how the row ran."""
     r = load_config(config("xu"))  # update-freq 2
-    args = parse(recipes.train_argv(trained(r, recipes.gpu_flags(r, 2), tiny_data), "x", gpu=True, exe=False))
+    args = parse(recipes.train_argv(trained(r, Launch(2).batch_flags(r), tiny_data), "x", gpu=True, exe=False))
     assert (args.distributed_world_size, args.update_freq, args.bn_sync_stats) == (2, [1], None)
-    assert recipes.gpu_flags(r) == []
-    with pytest.raises(ConfigError, match="--gpus 4 does not divide the update-freq 2 of"):
-        recipes.gpu_flags(r, 4)
+    assert Launch().batch_flags(r) == []
+    with pytest.raises(ConfigError, match="--gpus 3 = 3 processes divide neither the update-freq 2 of"):
+        Launch(3).batch_flags(r)
     with pytest.raises(SystemExit):
         recipes.main(["train", str(config("xu")), "--dry-run", "--gpus", "0"])
     assert "--gpus: must be a whole number over 0, got '0'" in capsys.readouterr().err
@@ -204,7 +204,7 @@ def test_gpus_keep_the_effective_batch(tiny_data, config, capsys):
     assert (value(train, "--distributed-world-size"), value(train, "--update-freq")) == ("2", "1")
     assert "--bn-sync-stats" in train
     for sync, said in (([], "2 GPUs, BN statistics per GPU"), (["--bn-sync-stats"], "2 GPUs, BN statistics synced")):
-        extra = recipes.gpu_flags(r, 2) + sync
+        extra = Launch(2).batch_flags(r) + sync
         run = {"rc": 0, "flags": recipes.merged_flags(trained(r, extra)), "extra": extra}
         assert said in recipes.row_status(r, run, {})
     assert recipes.row_status(r, {"rc": 0, "flags": recipes.merged_flags(r), "extra": []}, {}) == "full"
@@ -245,7 +245,7 @@ def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, monkeypatch, c
     assert [line.split()[0] for line in lines] == [
         "#", "#", "fairseq-train", "normplug-average", "fairseq-generate", "#", "normplug-average", "fairseq-generate",
         "#", "fairseq-train", "fairseq-eval-lm", "fairseq-eval-lm"]
-    assert lines[0] == recipes.dry_run_note(1)
+    assert lines[0] == recipes.dry_run_note(Launch())
     train = shlex.split(lines[2])
     assert train[1:] == recipes.train_argv(trained(load_config(config("demo")), ["--max-epoch", "2"]), out / "demo-bn",
                                            gpu=True, exe=False)

@@ -174,9 +174,9 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
         assert r["sacrebleu_references"] == ("cased references of the binarized test set, "
                                              "sacremoses-detokenized")
         assert float(r["train_seconds"]) > 0
-    assert rows[0]["evaluated"] == "average of the last 2 epoch checkpoints"
+    assert rows[0]["evaluated"] == "test src→tgt: average of the last 2 epoch checkpoints"
     assert rows[0]["checkpoints_averaged"] == "checkpoint1.pt checkpoint2.pt"
-    assert rows[1]["evaluated"] == "average of the last 2 update checkpoints"
+    assert rows[1]["evaluated"] == "test src→tgt: average of the last 2 update checkpoints"
     averaged = rows[1]["checkpoints_averaged"].split()
     kept = sorted((out / "tiny-rbn").glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
     assert averaged == [p.name for p in kept] and len(kept) == 2  # keep-interval-updates 2
@@ -185,7 +185,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
     assert float(rows[0]["delta"]) == round(float(rows[0]["ours"]) - 1.5, 2)
     assert rows[1]["published"] == "" and rows[1]["delta"] == ""
     assert md[0] == ("| config | dataset | setting | norm | metric | published | ours | Δ | also "
-                     "| evaluated | status |")
+                     "| TID mean / var | evaluated | status |")
     assert md[2].startswith("| tiny-ln | tiny (tests/conftest.py) | Post-Norm | LN | BLEU ↑ | 1.5 | ")
     assert md[3].startswith("| tiny-rbn | tiny (tests/conftest.py) | Post-Norm | RBN | BLEU ↑ | — | ")
     assert f"| sacreBLEU {float(rows[0]['sacrebleu']):.2f} |" in md[2]
@@ -243,8 +243,7 @@ def test_ctrl_c_leaves_a_run_that_a_relaunch_resumes(tiny_data, tmp_path, termin
     config = write_config(tmp_path, "tiny-ln", "LN", "transformer_iwslt_de_en_ln", 1.0, tiny_data)
     out = tmp_path / "out"
     save = out / "tiny-ln"
-    argv = [sys.executable, "-m", "normplug.recipes", "train", str(config), "--save-dir", str(save),
-            "--max-epoch", "5"]
+    argv = [sys.executable, "-m", "normplug.recipes", "train", str(config), "--out", str(out), "--max-epoch", "5"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -447,7 +446,7 @@ def test_paper_script_dry_run_prints_plain_fairseq_and_writes_nothing(script, ar
     assert f"--user-dir {repo / 'normplug'} " in proc.stdout  # the copy's plugin ran
     lines = proc.stdout.splitlines()
     # the GPU run's lines, printed on this CPU machine
-    assert lines[0] == recipes.dry_run_note(1) and " --cpu" not in proc.stdout.partition("\n")[2]
+    assert lines[0] == recipes.dry_run_note(recipes.Launch()) and " --cpu" not in proc.stdout.partition("\n")[2]
     assert sum(line.startswith("# wang2022-") for line in lines) == rows
     train = [shlex.split(line) for line in lines if line.startswith("fairseq-train ")]
     generate = [shlex.split(line) for line in lines if line.startswith("fairseq-generate ")]

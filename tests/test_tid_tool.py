@@ -180,15 +180,16 @@ def test_one_checkpoint_table_csv_and_figure(bn_run, tiny_data, tmp_path):
 @pytest.mark.slow
 def test_several_checkpoints_over_training(bn_run, tiny_data, tmp_path):
     out_csv, out_png = tmp_path / "over.csv", tmp_path / "over.png"
-    # given out of order; run as `python -m normplug.tools.tid`
+    # printed in the order given (a save dir's checkpoints oldest first); run as `python -m normplug.tools.tid`
     proc = run_cli("python", "-m", "normplug.tools.tid", bn_run / "checkpoint2.pt",
                    bn_run / "checkpoint_1_4.pt", bn_run / "checkpoint1.pt", "--data", tiny_data,
                    "--max-tokens", "100", "--csv", out_csv, "--plot", out_png, "--cpu", cwd=REPO)
-    assert proc.stdout.index("checkpoint_1_4.pt") < proc.stdout.index("checkpoint1.pt (")
+    assert proc.stdout.index("checkpoint2.pt (") < proc.stdout.index("checkpoint_1_4.pt") < \
+        proc.stdout.index("checkpoint1.pt (")
     rows = _read_csv(out_csv)
     assert len(rows) == 3 * len(LAYERS)
-    assert [int(r["num_updates"]) for r in rows] == [4, 4, 8, 8, 16, 16]
-    assert [r["epoch"] for r in rows] == ["1", "1", "1", "1", "2", "2"]
+    assert [int(r["num_updates"]) for r in rows] == [16, 16, 4, 4, 8, 8]
+    assert [r["epoch"] for r in rows] == ["2", "2", "1", "1", "1", "1"]
     assert [r["layer"] for r in rows] == LAYERS * 3
     assert all(math.isfinite(float(r[k])) for r in rows for k in ("tid_mean", "tid_var"))
     _check_png(out_png)
