@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-#   --gpus=N    spread each row over N GPUs, update-freq divided by N (the effective batch kept), BN statistics
-#               per GPU; the table says so (default: one GPU, as the paper)
+#   --gpus=N    spread each row over N GPUs (of each node), update-freq divided by the processes (the effective
+#               batch kept), BN statistics per GPU unless -- --bn-sync-stats; the table says so (default: one GPU,
+#               as the paper)
+#   --nodes=N --node-rank=R --master-addr=HOST [--master-port=P]
+#               a run over N nodes: the same command on every node, each with its rank (README: More than one
+#               machine); node 0 evaluates and writes the table
 #   --dry-run   print each row's fairseq-train, normplug-average and fairseq-generate command lines, as
 #               the recipe driver runs them on GPUs (whatever machine prints them); run nothing, write nothing
+#   -- ARGS     fairseq-train arguments for every row, e.g. -- --bn-sync-stats (the table marks the rows modified)
 #   -h, --help  this text
 # A rerun reuses the rows that finished and resumes those that were stopped (Ctrl-C).
 set -euo pipefail
 # wang2022.sh PAIR [--dry-run] [ROW ...]: what iwslt14.sh and wmt16.sh run, through the driver: flags stay in configs
-pair=$1 dataset=${1%-*} dry= gpus=
+pair=$1 dataset=${1%-*} dry= gpus= launch=() extra=()
 shift
 cd "$(dirname "$0")/.."
 script=scripts/$dataset.sh py=.venv/bin/python configs=()
 [ -x "$py" ] || py=python3
 rows=$(cd configs && ls wang2022-"$pair"-*.yaml | sed "s/^wang2022-$pair-//; s/\.yaml$//" | LC_ALL=C sort | xargs)
-for arg in "$@"; do
+whole() { [[ $2 =~ ^[0-9]+$ ]] || { echo "$script: $1 must be a whole number, got '$2'" >&2; exit 2; }; }
+while [ $# -gt 0 ]; do
+    arg=$1; shift
     case $arg in
+        --) extra=("$@"); break ;;
+        --nodes=* | --node-rank=* | --master-port=*) whole "${arg%%=*}" "${arg#*=}"; launch+=("${arg%%=*}" "${arg#*=}") ;;
+        --master-addr=*) launch+=(--master-addr "${arg#*=}") ;;
         -h | --help) sed -s -n '2,/^[^#]/s/^# \{0,1\}//p' "$script" scripts/wang2022.sh; exit 0 ;;
         --gpus=*) [[ ${arg#--gpus=} =~ ^[1-9][0-9]*$ ]] ||
                       { echo "$script: --gpus must be a whole number over 0, got '${arg#--gpus=}'" >&2; exit 2; }
@@ -39,4 +49,5 @@ except NormplugError as err:
 EOF
 fi
 [ -n "$dry" ] || [ -d "$data" ] || bash "scripts/prepare-$dataset.sh"
-exec "${PYTHON:-$py}" -m normplug.recipes reproduce "${configs[@]}" --out "runs/wang2022-$dataset" $dry $gpus
+exec "${PYTHON:-$py}" -m normplug.recipes reproduce "${configs[@]}" --out "runs/wang2022-$dataset" $dry $gpus \
+    ${launch[@]+"${launch[@]}"} -- ${extra[@]+"${extra[@]}"}

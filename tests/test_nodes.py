@@ -17,7 +17,7 @@ from normplug import recipes
 from normplug.recipes import Launch, load_config
 
 pytestmark = pytest.mark.slow
-STEPS = ["--max-update", "3", "--max-epoch", "0", "--bn-sync-stats"]
+STEPS = ["--max-update", "3", "--bn-sync-stats"]
 
 
 def _drivers(config, tiny_data, outs, port, timeout=180):
@@ -30,7 +30,7 @@ def _drivers(config, tiny_data, outs, port, timeout=180):
     try:
         for proc in procs:
             out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-            said.append((proc.returncode, out.decode()))
+            said.append((proc.returncode, out))
     except subprocess.TimeoutExpired:
         pytest.fail("a node's driver hung")
     finally:
@@ -57,12 +57,13 @@ def test_two_nodes_through_the_driver(tiny_data, tmp_path):
     # the one-host two-worker run of the same fairseq-train arguments, every rank's state dumped
     recipe = recipes.with_training_arguments(load_config(config, tiny_data), record["extra"])
     dump, save = tmp_path / "dump", tmp_path / "reference"
+    dump.mkdir()
     argv = recipes.train_argv(recipe, save, gpu=False, exe=False)
     for rc, out, err in run_workers([argv] * 2, tool=HOOKED_TRAIN, env={"HOOK_DUMP_DIR": str(dump)}):
         assert rc == 0, err[-3000:]
     ours = torch.load(run0 / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
     for rank in (0, 1):
-        theirs = torch.load(dump / f"rank{rank}_update3.pt", map_location="cpu")
+        theirs = torch.load(dump / f"rank{rank}_update3.pt", map_location="cpu", weights_only=False)["model"]
         assert ours.keys() == theirs.keys()
         for key in ours:  # parameters and every BN running statistic, bitwise
             assert torch.equal(ours[key], theirs[key]), (rank, key)
@@ -116,3 +117,46 @@ def test_the_effective_batch_over_nodes(tmp_path):
                                "--master-port 29500 fairseq-train ")
     assert lines[2].startswith("srun --nodes 2 --ntasks-per-node 1 --gpus-per-node 8 fairseq-train ")
     assert lines[2].endswith("--distributed-port 29500") and "--distributed-world-size 16" in lines[2]
+
+
+def test_the_paper_scripts_take_the_node_options_and_fairseq_arguments(tmp_path):
+    """scripts/wmt16.sh --nodes=2 --node-rank=1 --master-addr=HOST --gpus=8 ROW -- --bn-sync-stats: the driver's
+    torchrun line for node 1 with the synced statistics; a node option that is not a number: the script's line."""
+    from conftest import REPO
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "wmt16.sh"), "--dry-run", "--nodes=2", "--node-rank=1",
+                           "--master-addr=node0", "--gpus=8", "post-rbn", "--", "--bn-sync-stats"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    torchrun = next(line for line in proc.stdout.splitlines() if line.startswith("torchrun "))
+    assert torchrun.startswith("torchrun --nnodes 2 --nproc-per-node 8 --node-rank 1 --master-addr node0 ")
+    assert "--bn-sync-stats" in torchrun and "--distributed-world-size 16" in torchrun
+    assert "--update-freq 1 --max-tokens 2048 keeps the effective batch of 4096 x 8 tokens" in proc.stdout
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "wmt16.sh"), "--nodes=two"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert (proc.returncode, proc.stderr) == (2, "scripts/wmt16.sh: --nodes must be a whole number, got 'two'\n")
+
+
+def test_the_state_a_resume_broadcasts_loads_weights_only(tmp_path, tiny_data):
+    """What rank 0 broadcasts to the others when a run of several processes resumes (fairseq's broadcast_object:
+    the checkpoint as load_checkpoint_to_cpu returns it, pickled, then torch.load-ed weights-only) needs exactly
+    the allow-listed types."""
+    from fairseq import checkpoint_utils
+    from fairseq.distributed.utils import _split_tensors_from_obj
+
+    from conftest import run_cli
+    from normplug.checkpoints import SAFE_GLOBALS, broadcast_globals
+    config = tmp_path / "demo.yaml"
+    config.write_text(GOOD)
+    recipe = recipes.with_training_arguments(load_config(config, tiny_data), ["--max-update", "1"])
+    run_cli("fairseq-train", *recipes.train_argv(recipe, tmp_path / "run", gpu=False, exe=False))
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "run" / "checkpoint_last.pt"))
+    torch.save(_split_tensors_from_obj(state, []), tmp_path / "broadcast.pt")  # as broadcast_object sends it
+    allowed = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()  # the plugin's import allow-listed them: ask torch afresh
+    try:
+        needed = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(tmp_path / "broadcast.pt")))
+    finally:
+        torch.serialization.add_safe_globals(allowed)
+    assert needed == {f"{t.__module__}.{getattr(t, '__qualname__', getattr(t, '_name', ''))}"
+                      for t in SAFE_GLOBALS + broadcast_globals()} - {"argparse.Namespace"}

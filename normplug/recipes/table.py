@@ -185,6 +185,9 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
     runs = [(config, with_training_arguments(config, [*launch.batch_flags(config), *extra,
                                                       *(["--seed", str(seed)] if seeds else [])]))
             for config in configs for seed in (seeds or [None])]
+    for note in dict.fromkeys(launch.batch_note(config) for config in configs):
+        if note:
+            log(note)
     if dry_run:
         log(dry_run_note(launch))
         for i, (_, recipe) in enumerate(runs):  # a shared training once
@@ -198,8 +201,6 @@ def reproduce(config_paths: Sequence, out, extra: Sequence[str] = (), data=None,
         ckdir = run_folder(out, recipe, bool(seeds))
         prior_run(recipe, ckdir)
         check_flags(recipe, train_argv(recipe, ckdir, exe=False), processes_here=launch.gpus if use_gpu() else None)
-    for note in {launch.batch_note(config) for config in configs} - {None}:
-        log(note)
     out.mkdir(parents=True, exist_ok=True)
     rows, trained, failed = [], {}, 0
     for config, recipe in runs:
