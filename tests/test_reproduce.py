@@ -228,7 +228,7 @@ def test_reproduce_writes_results_table(tiny_data, tmp_path, monkeypatch, capsys
         ("tiny-ln", "modified (extra args: --max-epoch 2)"), ("tiny-never", "not run"),
         ("tiny-rbn", "modified (extra args: --max-epoch 2)")]
     assert rows[1]["ours"] == "" and rows[1]["published"] == "2.0"
-    assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | BLEU ↑ | 2.0 | — | — | — | "
+    assert md[3] == ("| tiny-never | tiny (tests/conftest.py) | Post-Norm | BN | BLEU ↑ | 2.0 | — | — | — | — | "
                      "average of the last 2 epoch checkpoints | not run |")
     assert not (out / "tiny-never").exists()
 
