@@ -8,6 +8,8 @@
             sacreBLEU and chrF of the detokenized output against the raw references
 4. TID      normplug-tid's measurement and figure (OUT/tid-bn-vs-rbn.png) of the BN and RBN epoch checkpoints
 5. table    norm | sacreBLEU | chrF | mean TID | var TID, printed and written to OUT/results.md
+6. compare  BN and RBN against LN (normplug-recipe compare): sacreBLEU's paired bootstrap and approximate
+            randomization on the test outputs, printed and written to OUT/compare-demo-ln.md
 
 Everything goes under --out (default demo-out/). A second run reuses the corpus and the finished
 trainings; --force redoes everything.
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from normplug.recipes import (evaluate, fmt, load_config, run_logged, train, with_training_arguments, write_atomic,
                               write_csv)
+from normplug.recipes.compare import compare
 from normplug.tools import tid
 from normplug.tools.common import atomic_path, configure_logging, numbered_checkpoints
 
@@ -82,14 +85,14 @@ def run_tid(out: Path, data: Path, recipe, kind: str):
 
 
 def layer_means(results):  # [(epoch, mean TID, variance TID)], each averaged over the BN layers
-    return [(info.epoch, *[sum(getattr(x, k) for x in layers) / len(layers) for k in ("tid_mean", "tid_var")])
-            for info, layers in results]
+    return [(info.epoch, *tid.mean_over_layers(layers)) for info, layers in results]
 
 
-def write_table(out: Path, scores, tid_points):
-    """The demo's table (sacreBLEU and chrF; TID of the final checkpoint), results.md and .csv."""
+def write_table(out: Path, scores):
+    """The demo's table (sacreBLEU and chrF; TID of the final checkpoint, as evaluate measured it), results.md and
+    .csv."""
     rows = [{"norm": kind.upper(), "sacrebleu": scores[kind]["sacrebleu"], "chrf": scores[kind]["chrf"],
-             **dict(zip(("tid_mean", "tid_var"), tid_points[kind][-1][1:] if kind in tid_points else (None, None))),
+             "tid_mean": scores[kind].get("tid_mean"), "tid_var": scores[kind].get("tid_var"),
              "checkpoint": scores[kind]["checkpoint"]} for kind in KINDS]
     lines = ["| norm | sacreBLEU | chrF | mean TID | var TID |", "|---|---|---|---|---|"]
     lines += [f"| {r['norm']} | {fmt(r['sacrebleu'], 1)} | {fmt(r['chrf'], 1)} | {fmt(r['tid_mean'], 4)} | "
@@ -151,13 +154,16 @@ def main(argv=None):
 
     print("\nFinal checkpoints; sacreBLEU and chrF of the detokenized test output against the raw references; TID "
           "on the valid split averaged over BN layers:\n")
-    print("\n".join(write_table(out, scores, tid_points))
+    print("\n".join(write_table(out, scores))
           + f"\n\nsacreBLEU signature: {scores['ln']['sacrebleu_signature']}\nchrF signature: "
           f"{scores['ln']['chrf_signature']}")
+    print("\nBN and RBN against LN on the test set (normplug-recipe compare; one seed a norm: README.md, What "
+          "`make demo` does, says what several would cost):\n")
+    print("\n".join(compare(out, "demo-ln")[2:]))
     trained = ", ".join(f"{k} {v:.0f}s" for k, v in train_seconds.items())
     print(f"Time: {time.time() - t_start:.0f}s (training {trained}"
-          + f")\nTable: {out / 'results.md'} (and .csv); figure: {out / 'tid-bn-vs-rbn.png'} (TID per layer over "
-          f"training, BN and RBN); runs: {out}/<ln|bn|rbn>/\n")
+          + f")\nTables: {out / 'results.md'} (and .csv), {out / 'compare-demo-ln.md'}; figure: "
+          f"{out / 'tid-bn-vs-rbn.png'} (TID per layer over training, BN and RBN); runs: {out}/<ln|bn|rbn>/\n")
     print("RBN (λ_μ=60, λ_σ=0) penalises the gap between batch and population means only: it should keep the mean "
           "TID small, not the variance TID. A toy task: not the papers' numbers (README.md, What `make demo` does).")
     return 0
