@@ -66,6 +66,12 @@ def test_other_evaluation_flags_are_refused(good, flag):
         recipes.with_evaluation_arguments(load_config(good), [flag])
 
 
+def test_a_training_cannot_name_the_split_its_table_scores(good):
+    with pytest.raises(ConfigError, match=r"^--gen-subset after -- of a training: the table scores the config's "
+                                          r"split; score another with `normplug-recipe evaluate CONFIG -- "):
+        recipes.with_training_arguments(load_config(good), ["--gen-subset", "valid"])
+
+
 def test_speed_flags_pass_and_the_split_is_understood(good, tmp_path):
     r = recipes.with_evaluation_arguments(load_config(good), ["--gen-subset", "valid", "--fp16", "--max-tokens", "99"])
     argv = recipes.generate_argv(r, "c.pt", gpu=True)

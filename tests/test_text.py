@@ -489,7 +489,7 @@ def test_readme_from_python_runs(reproduced, lm_data, tmp_path, capsys):
     code = readme_python()
     replace = {"demo-out/bn": text_runs / "text-rbn", "demo-out/data-bin/synthetic": text_data,
                "demo-out/data-bin/synthetic/spm.model": text_data / "spm.model",
-               "Pföt meim maut hech li maut.": RAW_SENTENCE, "checkpoints/wang2022-ptb-post-rbn": lm_checkpoint,
+               "Pföt meim maut hech li maut.": RAW_SENTENCE, "runs/wang2022-ptb-post-rbn": lm_checkpoint,
                "data/data-bin/ptb": lm_data, "the company said": "w1 w2 w3", "the company": "w1 w2"}
     for literal, value in replace.items():
         assert f'"{literal}"' in code, literal

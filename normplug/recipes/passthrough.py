@@ -66,6 +66,9 @@ def with_training_arguments(recipe: Recipe, tokens: Sequence[str]) -> Recipe:
     for key, words in split_extra(tokens):
         if key in DRIVER_FLAGS:
             raise ConfigError(f"--{key} after --: {DRIVER_FLAGS[key]}")
+        if key == "gen-subset":  # fairseq-train takes it and does nothing with it
+            raise ConfigError("--gen-subset after -- of a training: the table scores the config's split; score "
+                              "another with `normplug-recipe evaluate CONFIG -- --gen-subset SPLIT`")
         if key in LANGUAGES:
             langs[key] = _one_value(key, words)
         elif key == "seed":
