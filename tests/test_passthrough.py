@@ -213,3 +213,13 @@ def test_the_driver_trains_batches_a_resume_rebuilds(good):
     from any checkpoint, the end of an epoch included, is the uninterrupted one (tests/test_resume.py)."""
     argv = recipes.train_argv(load_config(good), "x", gpu=False, exe=False)
     assert value(argv, "--update-epoch-batch-itr") == "True"
+
+
+def test_seeds_are_different_whole_numbers(good, capsys):
+    assert recipes.main(["train", str(good), "--seeds", "1", "1", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == "normplug-recipe: error: --seeds 1 1: give different whole numbers >= 0"
+    assert recipes.main(["train", str(good), "--seeds", "1", "2", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [value(line.split(), "--seed") for line in lines[1:]] == ["1", "2"]
+    assert [value(line.split(), "--save-dir").rsplit("/", 1)[1] for line in lines[1:]] == ["demo-bn-seed1",
+                                                                                          "demo-bn-seed2"]

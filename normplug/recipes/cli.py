@@ -92,6 +92,9 @@ def run(args, extra) -> int:
     if args.cmd not in ("table", "compare") and not dry:
         need_fairseq(f"{PROG} {args.cmd}")
     launch = node_launch(args, dry) if args.cmd in ("train", "reproduce") else Launch()
+    seeds = getattr(args, "seeds", None) or []
+    if len(set(seeds)) < len(seeds) or any(seed < 0 for seed in seeds):
+        raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: give different whole numbers >= 0")
     if args.cmd == "compare":
         print(*compare(args.out, args.baseline), sep="\n")
         return 0

@@ -1,4 +1,4 @@
-"""Paired significance tests between the runs of a reproduction folder (``normplug-recipe compare OUT
+"""Paired significance tests between the runs of a reproduction folder (``normplug-recipe compare --out OUT
 --baseline NAME``): every config against the baseline config, seed by seed and pooled over the seeds both ran.
 
 Translation: sacreBLEU's paired bootstrap resampling (Koehn 2004) and paired approximate randomization (Riezler &
