@@ -487,7 +487,7 @@ def test_readme_from_python_runs(reproduced, lm_data, tmp_path, capsys):
     run_cli("fairseq-train", *lm_train_args(lm_data, lm_checkpoint, "transformer_lm_ptb_bn", "--criterion",
                                               "cross_entropy_rbn"))
     code = readme_python()
-    replace = {"demo-out/bn": text_runs / "text-rbn", "demo-out/data-bin/synthetic": text_data,
+    replace = {"demo-out/bn-seed1": text_runs / "text-rbn", "demo-out/data-bin/synthetic": text_data,
                "demo-out/data-bin/synthetic/spm.model": text_data / "spm.model",
                "Pföt meim maut hech li maut.": RAW_SENTENCE, "runs/wang2022-ptb-post-rbn": lm_checkpoint,
                "data/data-bin/ptb": lm_data, "the company said": "w1 w2 w3", "the company": "w1 w2"}
