@@ -1,5 +1,5 @@
 """What the translation model (``norm_transformer``) and the language model
-(``norm_transformer_lm``) share: the build-time checks (the options, the launch: launch.py),
+(``norm_transformer_lm``) share: the build-time checks (the options, the launch: normplug/launchers.py),
 ``--compile-norms``, the refusal of test-batch statistics at inference, and the
 site names of the norms with batch statistics that criteria and tools read.
 
@@ -10,8 +10,8 @@ from typing import Dict
 from fairseq.criterions import CRITERION_REGISTRY
 
 from ..norms import BatchStatNorm
-from .config import given_options, run_group
 from ..launchers import check_launch
+from .config import given_options, run_group
 from .norm_plan import site_name
 from .options import check_options
 

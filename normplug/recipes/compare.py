@@ -27,7 +27,6 @@ import logging
 import math
 import os
 import re
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple

@@ -11,7 +11,7 @@ from .commands import (check_flags, child_env, command_line, eval_lm_argv, gener
                        use_gpu, write_atomic)
 from .launch import Launch, agree_with_node0
 from .config import CHECKPOINT_CHOICES, ConfigError, Recipe
-from .records import RUN_RECORD, as_trained, check_record, config_changes, direction, prior_run, read_json
+from .records import RUN_RECORD, check_record, config_changes, direction, prior_run, read_json
 from .scoring import measure_tid, score_language_model, score_translation
 
 
